@@ -1,0 +1,80 @@
+"""Per-request sampling settings, named and defaulted like vLLM's SamplingParams."""
+
+from dataclasses import dataclass
+
+# Temperatures below this are treated as greedy, as in vLLM: dividing logits by them would overflow.
+GREEDY_TEMPERATURE_EPS = 1e-5
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled (normalized to 0)
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None  # normalized to list[str]
+    stop_token_ids: list[int] | None = None  # normalized to list[int]
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to the context limit
+    min_tokens: int = 0
+    logprobs: int | None = None  # number of top logprobs to return besides the sampled token's
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids) if self.stop_token_ids is not None else []
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        # Comparisons are written so that NaN fails them too.
+        if not self.n >= 1:
+            _invalid("n", self.n, "must be >= 1")
+        if not self.temperature >= 0:
+            _invalid("temperature", self.temperature, "must be >= 0")
+        if not 0 < self.top_p <= 1:
+            _invalid("top_p", self.top_p, "must be in (0, 1]")
+        if not (self.top_k == 0 or self.top_k >= 1):
+            _invalid("top_k", self.top_k, "must be -1 or 0 (disabled) or >= 1")
+        if not 0 <= self.min_p <= 1:
+            _invalid("min_p", self.min_p, "must be in [0, 1]")
+        if not -2 <= self.presence_penalty <= 2:
+            _invalid("presence_penalty", self.presence_penalty, "must be in [-2, 2]")
+        if not -2 <= self.frequency_penalty <= 2:
+            _invalid("frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
+        if not self.repetition_penalty > 0:
+            _invalid("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.max_tokens is not None and not self.max_tokens >= 1:
+            _invalid("max_tokens", self.max_tokens, "must be >= 1 or None")
+        if not self.min_tokens >= 0:
+            _invalid("min_tokens", self.min_tokens, "must be >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            _invalid("min_tokens", self.min_tokens, f"must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            _invalid("logprobs", self.logprobs, f"must be in [0, {MAX_LOGPROBS}] or None")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            _invalid("stop", self.stop, "must hold only non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            _invalid("stop_token_ids", self.stop_token_ids, "must hold only token ids >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE_EPS
+
+
+def _invalid(name: str, value: object, allowed: str) -> None:
+    raise ValueError(f"{name} {allowed}, got {value!r}")
