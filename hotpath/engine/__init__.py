@@ -1,0 +1,1 @@
+"""The engine: requests, scheduling, the KV cache manager and the step loop."""

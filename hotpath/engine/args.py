@@ -1,0 +1,68 @@
+"""EngineArgs: every engine setting in one place, shared by LLM(), the CLI and the server.
+
+Names and defaults follow vLLM's so its users need not relearn them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("engine")
+        g.add_argument("--model", "-m", default=None,
+                       help="model to load: a known asset name (qwen2.5-coder-0.5b, "
+                            "qwen2.5-coder-1.5b, smollm2-135m), an HF model directory with "
+                            "config.json and safetensors, or a .gguf file "
+                            "(default: qwen2.5-coder-0.5b, fetched on first use)")
+        g.add_argument("--tokenizer", default=None,
+                       help="tokenizer directory, if not the model's own")
+        g.add_argument("--dtype", default="auto",
+                       choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weight and activation dtype; auto = float32 on the CPU, the "
+                            "checkpoint's dtype (bfloat16 for float32 checkpoints) on a GPU")
+        g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+        g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
+                       help="dummy = random weights at the model's real shapes (benchmarks)")
+        g.add_argument("--max-model-len", type=int, default=None,
+                       help="context limit in tokens, prompt + output "
+                            "(default: the model's max_position_embeddings)")
+        g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=True, help="reuse the KV cache of shared prompt prefixes")
+        g.add_argument("--max-num-seqs", type=int, default=256,
+                       help="most sequences in one batch")
+        g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help="token budget of one step; longer prompts are prefilled in chunks "
+                            "(default 8192)")
+        g.add_argument("--seed", type=int, default=0,
+                       help="seed for random sampling without a per-request seed, and dummy weights")
+        g.add_argument("--skip-tokenizer-init", action="store_true",
+                       help="load no tokenizer; prompts must be token ids")
+        g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="fraction of GPU memory for weights, activations and KV cache")
+        g.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                       help="use exactly this many KV cache blocks (testing)")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})

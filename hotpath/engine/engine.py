@@ -1,0 +1,333 @@
+"""The engine and its single loop: schedule -> run -> sample -> update sequences -> emit outputs."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hotpath.config import EngineConfig, ModelConfig
+from hotpath.engine.args import EngineArgs
+from hotpath.engine.detokenizer import DetokenizerState, detokenize_step
+from hotpath.engine.kv_cache import KVCacheManager
+from hotpath.engine.scheduler import Scheduler
+from hotpath.engine.sequence import Sequence
+from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
+from hotpath.runner.model_runner import ModelRunner, SampledToken
+from hotpath.sampling_params import SamplingParams
+
+logger = logging.getLogger("hotpath")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    detok: list[DetokenizerState] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    """A known asset name, an HF directory or a .gguf file -> an HF-style directory."""
+    from hotpath.assets import resolve_model
+    from hotpath.loader.gguf import gguf_to_hf_dir
+
+    path = resolve_model(model)
+    if path.is_file():
+        return gguf_to_hf_dir(path)
+    return path
+
+
+class Engine:
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        self.device = _resolve_device(args.device)
+        if args.load_format == "dummy" and args.model and Path(args.model, "config.json").is_file():
+            model_dir = Path(args.model)
+        else:
+            model_dir = resolve_model_dir(args.model)
+        self.model_dir = model_dir
+        self.model_config = ModelConfig.from_pretrained(model_dir)
+        self.dtype = self._resolve_dtype(args.dtype)
+        self.tokenizer = None if args.skip_tokenizer_init else _load_tokenizer(args.tokenizer or model_dir)
+        max_model_len = args.max_model_len or self.model_config.max_position_embeddings
+        self.config = EngineConfig(
+            max_model_len=max_model_len,
+            block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens or max(8192, args.max_num_seqs),
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+        )
+        self.runner = ModelRunner(
+            self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,
+            args.seed,
+        )
+        capacity = self.runner.num_blocks * self.config.block_size
+        if capacity < max_model_len:
+            raise ValueError(
+                f"max_model_len {max_model_len} is larger than the KV cache capacity "
+                f"({capacity} tokens in {self.runner.num_blocks} blocks); lower max_model_len or "
+                "give the cache more memory"
+            )
+        self.kv_cache = KVCacheManager(
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(self.config, self.kv_cache)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        self.eos_token_ids = self._eos_token_ids()
+        torch.manual_seed(args.seed)
+        logger.info(
+            "hotpath engine: %s on %s (%s), KV cache %d tokens",
+            model_dir, self.device, str(self.dtype).removeprefix("torch."), capacity,
+        )
+
+    # ---- set-up helpers -----------------------------------------------------------------
+    def _resolve_dtype(self, dtype: str) -> torch.dtype:
+        if dtype == "auto":
+            return self.model_config.default_dtype(self.device)
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+
+    def _eos_token_ids(self) -> set[int]:
+        """EOS ids as HF generate uses them: generation_config.json first, then config.json."""
+        import json
+
+        gen = self.model_dir / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            if eos is not None:
+                return set([eos] if isinstance(eos, int) else eos)
+        if self.model_config.eos_token_id:
+            return set(self.model_config.eos_token_id)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return {self.tokenizer.eos_token_id}
+        return set()
+
+    # ---- requests -----------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int] | dict,
+        params: SamplingParams,
+    ) -> None:
+        """Validates and queues a request; raises ValueError (queueing nothing) on bad input."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        text, token_ids = self._tokenize_prompt(prompt)
+        max_len = self.config.max_model_len
+        if len(token_ids) >= max_len:
+            raise ValueError(
+                f"prompt is {len(token_ids)} tokens, but max_model_len is {max_len}: "
+                "the prompt must leave room for at least one generated token"
+            )
+        room = max_len - len(token_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        seqs = []
+        for i in range(params.n):
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(params.seed + i)
+            seqs.append(Sequence(
+                seq_id=next(self._seq_ids), request_id=request_id, index=i,
+                prompt_token_ids=list(token_ids), params=params, max_tokens=max_tokens,
+                stop_token_ids=stop_ids, generator=gen,
+            ))
+        req = Request(request_id, text, list(token_ids), params, seqs, time.monotonic(),
+                      detok=[DetokenizerState() for _ in seqs])
+        self.requests[request_id] = req
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def _tokenize_prompt(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set); pass prompt_token_ids")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+            text = prompt
+        else:
+            token_ids, text = list(prompt), None
+            vocab = self.model_config.vocab_size
+            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        return text, token_ids
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One engine iteration. Returns the requests that produced tokens or finished."""
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        sampled = self.runner.execute(sched.scheduled)
+        for seq, num_new in sched.scheduled:
+            seq.num_computed_tokens += num_new
+            self.kv_cache.cache_full_blocks(seq)
+        now = time.monotonic()
+        touched: dict[str, Request] = {}
+        for seq, _ in sched.scheduled:
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            req = self.requests[seq.request_id]
+            self._append_token(req, seq, token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            if req.finished:
+                req.finished_time = now
+                del self.requests[req.request_id]
+            outputs.append(self._make_output(req))
+        return outputs
+
+    def _append_token(self, req: Request, seq: Sequence, token: SampledToken) -> None:
+        seq.output_token_ids.append(token.token_id)
+        seq.cumulative_logprob += token.logprob
+        if seq.params.logprobs is not None:
+            seq.output_logprobs.append((token.logprob, token.top_logprobs))
+        params = seq.params
+        if self.tokenizer is not None:
+            old_len = len(seq.text)
+            seq.text += detokenize_step(
+                self.tokenizer, seq.output_token_ids, req.detok[seq.index], params.skip_special_tokens
+            )
+            if params.stop and len(seq.output_token_ids) >= params.min_tokens:
+                if self._check_stop_strings(seq, old_len):
+                    self.scheduler.finish(seq)
+                    return
+        n_out = len(seq.output_token_ids)
+        if token.token_id in seq.stop_token_ids and n_out >= params.min_tokens:
+            seq.finish_reason = "stop"
+            if token.token_id in params.stop_token_ids:  # EOS leaves stop_reason None, as in vLLM
+                seq.stop_reason = token.token_id
+        elif n_out >= seq.max_tokens:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+
+    @staticmethod
+    def _check_stop_strings(seq: Sequence, old_len: int) -> bool:
+        for stop in seq.params.stop:
+            # only a match that ends in the newly added text is new
+            idx = seq.text.find(stop, max(0, old_len - len(stop) + 1))
+            if idx != -1:
+                end = idx + len(stop) if seq.params.include_stop_str_in_output else idx
+                seq.text = seq.text[:end]
+                seq.finish_reason = "stop"
+                seq.stop_reason = stop
+                return True
+        return False
+
+    def _make_output(self, req: Request) -> RequestOutput:
+        outs = []
+        for seq in req.seqs:
+            text = seq.text
+            if not seq.is_finished and seq.params.stop and not seq.params.include_stop_str_in_output:
+                # hold back what could be the start of a stop string, so it is never streamed
+                hold = max(len(s) for s in seq.params.stop) - 1
+                text = text[: max(0, len(text) - hold)]
+            outs.append(CompletionOutput(
+                index=seq.index,
+                text=text,
+                token_ids=list(seq.output_token_ids),
+                cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
+                logprobs=self._logprob_dicts(seq) if seq.params.logprobs is not None else None,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            ))
+        metrics = {"arrival_time": req.arrival_time}
+        if req.first_token_time is not None:
+            metrics["first_token_time"] = req.first_token_time
+        if req.finished_time is not None:
+            metrics["finished_time"] = req.finished_time
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=outs,
+            finished=req.finished,
+            num_cached_tokens=req.seqs[0].num_cached_prompt_tokens,
+            metrics=metrics,
+        )
+
+    def _logprob_dicts(self, seq: Sequence) -> list[dict[int, Logprob]]:
+        result = []
+        for token_id, (lp, top) in zip(seq.output_token_ids, seq.output_logprobs):
+            entry = {tid: Logprob(v, rank + 1, self._decode_one(tid)) for rank, (tid, v) in enumerate(top)}
+            if token_id not in entry:
+                entry[token_id] = Logprob(lp, None, self._decode_one(token_id))
+            result.append(entry)
+        return result
+
+    def _decode_one(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"invalid device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but no CUDA GPU is available")
+    return dev
+
+
+def _load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"cannot load a tokenizer from {path}: {e}. Pass tokenizer=... or "
+            "skip_tokenizer_init=True with token-id prompts"
+        ) from e

@@ -1,0 +1,151 @@
+"""The KV cache manager: a pool of fixed-size blocks with reference counts and a prefix cache.
+
+Each attention layer's cache is [num_blocks, block_size, num_kv_heads, head_dim] (see
+ops/attention/reference.py); this module decides which blocks a sequence owns, never touches tensors.
+
+Prefix caching: once a block is full of computed tokens it is registered under a hash of its tokens
+chained to the previous block's hash, so equal prefixes map to equal hash chains. A new sequence
+reuses the longest chain of registered blocks that matches its tokens (verified token by token, so a
+hash collision cannot produce wrong output). Freed registered blocks stay cached until the space is
+needed, then are evicted least-recently-used first.
+
+Hybrid (linear-attention) models will add a pool of fixed-size per-sequence state slots beside the
+block pool; the scheduler already allocates through this one manager, so that is where it goes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from hotpath.engine.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set while the block is registered in the prefix cache
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def _chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: deque[int] = deque(range(num_blocks))  # hold no cached content
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced but cached, LRU first
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids) + len(self.evictable)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids holding the longest cached prefix of seq's tokens (full blocks only).
+
+        At least one token is always left to compute, since sampling needs its logits."""
+        if not self.enable_prefix_caching:
+            return []
+        tokens = seq.all_token_ids
+        bs = self.block_size
+        hits: list[int] = []
+        parent: int | None = None
+        for i in range((len(tokens) - 1) // bs):
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            h = _chain_hash(parent, chunk)
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.token_ids != chunk or block.parent_hash != parent:
+                break
+            hits.append(block_id)
+            parent = h
+        self.prefix_queried_tokens += len(tokens)
+        self.prefix_hit_tokens += len(hits) * bs
+        return hits
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+        """Give seq the cached prefix blocks (if any) and enough fresh blocks for num_new_tokens
+        more tokens. Returns False, changing nothing, when the pool is too small."""
+        bs = self.block_size
+        num_computed = seq.num_computed_tokens + len(cached_blocks) * bs
+        blocks_needed = -(-(num_computed + num_new_tokens) // bs)
+        num_fresh = blocks_needed - len(seq.block_table) - len(cached_blocks)
+        # reusing an unreferenced cached block takes it out of the free pool too
+        num_revived = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
+        if max(num_fresh, 0) + num_revived > self.num_free_blocks:
+            return False
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for block_id in cached_blocks:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.evictable[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(block.block_hash)
+            assert block.parent_hash == parent
+            parent = block.block_hash
+        seq.num_computed_tokens = num_computed
+        for _ in range(num_fresh):
+            seq.block_table.append(self._take_free_block())
+        return True
+
+    def _take_free_block(self) -> int:
+        if self.free_ids:
+            block_id = self.free_ids.popleft()
+        else:
+            block_id, _ = self.evictable.popitem(last=False)
+            block = self.blocks[block_id]
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash, block.parent_hash, block.token_ids = None, None, ()
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register seq's blocks that have become full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        tokens = None
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            if tokens is None:
+                tokens = seq.all_token_ids
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            h = _chain_hash(parent, chunk)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is None and h not in self.cached:
+                block.block_hash, block.parent_hash, block.token_ids = h, parent, chunk
+                self.cached[h] = block.block_id
+
+    def free(self, seq: Sequence) -> None:
+        # tail blocks first, so they are evicted before the prefix blocks others may share
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0
+            if block.ref_count == 0:
+                if block.block_hash is not None:
+                    self.evictable[block_id] = None
+                else:
+                    self.free_ids.append(block_id)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0

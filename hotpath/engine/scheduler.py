@@ -1,0 +1,109 @@
+"""Continuous batching with chunked prefill under a per-step token budget.
+
+Each step:
+1. Running sequences, in admission order, get their next tokens: one for a decode, a chunk for an
+   unfinished prefill. A prefill chunk never takes the token the running decodes behind it need, so a
+   long prompt cannot starve them. When the cache has no block for a sequence, the most recently
+   admitted sequence is preempted (its blocks freed; it is recomputed later from its tokens).
+2. If nothing was preempted, waiting sequences are admitted in arrival order while the budget, the
+   free blocks and max_num_seqs allow, reusing prefix-cached blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hotpath.config import EngineConfig
+from hotpath.engine.kv_cache import KVCacheManager
+from hotpath.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new tokens)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
+        self.config = config
+        self.kv_cache = kv_cache
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        # decodes behind each position in `running`: the budget a prefill chunk must leave them
+        decodes_after = [0] * (len(self.running) + 1)
+        for i in range(len(self.running) - 1, -1, -1):
+            is_decode = self.running[i].num_tokens - self.running[i].num_computed_tokens == 1
+            decodes_after[i] = decodes_after[i + 1] + is_decode
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            num_new = min(remaining, budget if remaining == 1 else budget - decodes_after[i + 1])
+            if num_new <= 0:
+                i += 1
+                continue
+            if not self._allocate_or_preempt(seq, num_new, out):
+                break  # seq itself was preempted, and it was the last running one
+            out.scheduled.append((seq, num_new))
+            budget -= num_new
+            i += 1
+
+        if out.preempted:
+            return out
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.kv_cache.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
+            num_computed = seq.num_computed_tokens + len(cached) * self.kv_cache.block_size
+            num_new = min(seq.num_tokens - num_computed, budget)
+            if not self.kv_cache.allocate(seq, num_new, cached):
+                break
+            if not seq.output_token_ids:
+                seq.num_cached_prompt_tokens = num_computed
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, num_new))
+            budget -= num_new
+        return out
+
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        while not self.kv_cache.allocate(seq, num_new):
+            victim = self.running.pop()  # the most recently admitted, never one scheduled already
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv_cache.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv_cache.free(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,56 @@
+"""A sequence: one prompt and one stream of generated tokens (a request with n > 1 owns n)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from hotpath.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    request_id: str
+    index: int  # which of the request's n outputs this is
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens, capped by the context limit
+    stop_token_ids: set[int]  # EOS (unless ignore_eos) + params.stop_token_ids
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    # per generated token: (sampled logprob, [(token_id, logprob), ...] top-n) when asked for
+    output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full cached blocks
+    num_cached_prompt_tokens: int = 0  # prefix-cache hits at first scheduling, for metrics
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    text: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def token_at(self, position: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]

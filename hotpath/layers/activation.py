@@ -1,0 +1,19 @@
+"""The gated MLP: down(silu(gate(x)) * up(x)) with gate and up in one matmul."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from hotpath.layers.linear import Linear
+from hotpath.ops.activation import silu_and_mul
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(hidden_size, [intermediate_size, intermediate_size])
+        self.down_proj = Linear(intermediate_size, [hidden_size])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

@@ -1,0 +1,171 @@
+"""The dense decoder shared by Llama, Qwen2 and Qwen3.
+
+The three differ only in q/k/v biases (Qwen2, or Llama with attention_bias) and per-head RMSNorm on
+q and k before RoPE (Qwen3); both are config flags, so one class serves all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+
+from hotpath.config import ModelConfig
+from hotpath.layers.activation import GatedMLP
+from hotpath.layers.attention import Attention
+from hotpath.layers.embedding import LMHead, VocabEmbedding
+from hotpath.layers.linear import Linear
+from hotpath.layers.norm import RMSNorm
+from hotpath.layers.rotary import RotaryEmbedding
+from hotpath.runner.forward_batch import ForwardBatch
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(
+            cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias
+        )
+        self.o_proj = Linear(self.q_size, [cfg.hidden_size])
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rotary = rotary
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v, batch)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, max_positions, cfg.max_position_embeddings)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, batch)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+# merged module -> the checkpoint projections stacked in it, in order
+_MERGED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_STACKED = {ckpt: (merged, i) for merged, ckpts in _MERGED.items() for i, ckpt in enumerate(ckpts)}
+
+
+class DecoderForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg, max_positions)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        return self.model(input_ids, positions, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, vocab] fp32
+        return self.lm_head(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into the parameters, one at a time."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # some tied checkpoints store the shared matrix twice
+            module_name, _, param_name = name.rpartition(".")
+            prefix, _, leaf = module_name.rpartition(".")
+            if leaf in _STACKED:
+                merged, shard = _STACKED[leaf]
+                try:
+                    self.get_submodule(f"{prefix}.{merged}").load_shard(param_name, tensor, shard)
+                except (AttributeError, ValueError) as e:
+                    raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
+            elif name in params:
+                param = params[name]
+                if param.shape != tensor.shape:
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                        f"expected {tuple(param.shape)}"
+                    )
+                param.data.copy_(tensor)
+            else:
+                raise ValueError(f"checkpoint tensor {name!r} does not belong to this model")
+            loaded.add(name)
+        missing = [n for n in self.expected_weight_names() if n not in loaded]
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(f"checkpoint is missing {len(missing)} weights: {shown}")
+
+    def expected_weight_names(self) -> list[str]:
+        """The checkpoint (HF) tensor names this model needs."""
+        names = []
+        for name, _ in self.named_parameters():  # a tied lm_head is listed once, as the embedding
+            module_name, _, param_name = name.rpartition(".")
+            prefix, _, leaf = module_name.rpartition(".")
+            if leaf in _MERGED:
+                names += [f"{prefix}.{ckpt}.{param_name}" for ckpt in _MERGED[leaf]]
+            else:
+                names.append(name)
+        return names

@@ -1,0 +1,64 @@
+"""Readable paged attention: the reference every attention kernel is tested against.
+
+Cache layout (one pair per attention layer):
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+A token at position p of a sequence lives in block block_table[p // block_size], row p % block_size;
+its flat slot is block_id * block_size + p % block_size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv_cache(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, flat slot of each new token
+) -> None:
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    cu_query_lens: torch.Tensor,  # [num_seqs + 1] int32, offsets of each sequence's queries in q
+    context_lens: torch.Tensor,  # [num_seqs] int32, tokens in the cache incl. this step's
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of each sequence's new queries over its whole cached context.
+
+    The queries of a sequence are its last `query_len` positions, so one formula serves a prefill,
+    a prefill chunk after cached tokens (chunked prefill, prefix-cache hit), a decode (query_len 1)
+    and a multi-token verify step.
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    cu = cu_query_lens.tolist()
+    for i, ctx in enumerate(context_lens.tolist()):
+        start, end = cu[i], cu[i + 1]
+        query_len = end - start
+        num_blocks = -(-ctx // block_size)
+        blocks = block_tables[i, :num_blocks].long()
+        # [ctx, num_kv_heads, head_dim] -> [num_heads, ctx, head_dim]
+        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()
+        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()
+        k = k.transpose(0, 1).repeat_interleave(group, dim=0)
+        v = v.transpose(0, 1).repeat_interleave(group, dim=0)
+        qs = q[start:end].float().transpose(0, 1)  # [num_heads, query_len, head_dim]
+        scores = torch.matmul(qs, k.transpose(1, 2)) * scale  # [num_heads, query_len, ctx]
+        # query j sits at position ctx - query_len + j and sees keys at positions <= it
+        q_pos = torch.arange(ctx - query_len, ctx, device=q.device)[:, None]
+        k_pos = torch.arange(ctx, device=q.device)[None, :]
+        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.matmul(probs, v).transpose(0, 1).to(q.dtype)
+    return out

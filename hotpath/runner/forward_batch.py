@@ -1,0 +1,27 @@
+"""ForwardBatch: everything a model needs to know about one step's flat token batch.
+
+A step mixes sequences freely: whole prefills, prefill chunks after cached tokens, decodes (one
+token) and verify steps (several tokens). Each sequence contributes its next `query_len` tokens;
+they are laid out back to back in `input_ids` / `positions` with no padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    cu_query_lens: torch.Tensor  # [num_seqs + 1] int32, query offsets into the flat token batch
+    context_lens: torch.Tensor  # [num_seqs] int32, cached tokens + this step's tokens
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, padded with 0
+    slot_mapping: torch.Tensor  # [num_tokens] int64, cache slot each new token's K/V goes to
+    logits_indices: torch.Tensor  # [num_sampled] int64, token rows whose logits are needed
+    max_query_len: int
+    max_context_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]

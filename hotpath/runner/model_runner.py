@@ -1,0 +1,165 @@
+"""ModelRunner: turns a scheduled step into batch tensors, runs the model, samples.
+
+It owns the model, the KV cache tensors and the sampler. The engine hands it
+(sequence, num_new_tokens) pairs and gets back one sampled token per sequence whose known tokens
+are all computed after this step (a prefill's last chunk, or a decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hotpath.config import EngineConfig, ModelConfig
+from hotpath.engine.sequence import Sequence
+from hotpath.loader.model_loader import load_model
+from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.runner.sampler import Sampler
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]  # [(token_id, logprob)] best first; empty unless asked
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        model_dir: Path,
+        load_format: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int = 0,
+    ) -> None:
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.device = device
+        self.dtype = dtype
+        self.model = load_model(
+            model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed
+        )
+        self.block_size = engine_config.block_size
+        self.num_blocks = self._num_kv_blocks()
+        self._allocate_kv_cache()
+        self.sampler = Sampler()
+
+    # ---- KV cache -------------------------------------------------------------------------
+    def kv_bytes_per_block(self) -> int:
+        cfg = self.model_config
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        per_token = 2 * cfg.num_key_value_heads * cfg.head_dim * elem * cfg.num_hidden_layers
+        return per_token * self.block_size
+
+    def _num_kv_blocks(self) -> int:
+        ec = self.engine_config
+        if ec.num_gpu_blocks_override is not None:
+            return ec.num_gpu_blocks_override
+        per_block = self.kv_bytes_per_block()
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = total * ec.gpu_memory_utilization - used - self._activation_bytes()
+        else:
+            # the CPU has no fixed pool; take what the longest batch could use, capped
+            wanted = ec.max_num_seqs * ec.max_model_len * per_block // self.block_size
+            budget = min(ec.cpu_kv_cache_gib * 2**30, wanted)
+        num_blocks = int(budget // per_block)
+        if num_blocks < 1:
+            raise ValueError(
+                "no memory left for the KV cache after loading the model; "
+                "raise gpu_memory_utilization or lower max_num_batched_tokens"
+            )
+        return num_blocks
+
+    def _activation_bytes(self) -> int:
+        """Peak memory of one step beyond weights and cache: a few [tokens, hidden/intermediate]
+        activations for the largest token batch, plus fp32 logits and sampler work space."""
+        cfg, ec = self.model_config, self.engine_config
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        tokens = ec.max_num_batched_tokens
+        per_token = (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * elem
+        logits = ec.max_num_seqs * cfg.vocab_size * 4 * 4
+        return tokens * per_token + logits + 512 * 2**20
+
+    def _allocate_kv_cache(self) -> None:
+        cfg = self.model_config
+        shape = (self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = []
+        for attn in self.model.attention_layers():
+            k = torch.empty(shape, dtype=self.dtype, device=self.device)
+            v = torch.empty(shape, dtype=self.dtype, device=self.device)
+            attn.kv_cache = (k, v)
+            self.kv_caches.append((k, v))
+
+    # ---- one step -------------------------------------------------------------------------
+    def _prepare(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence]]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu_query_lens = [0]
+        context_lens: list[int] = []
+        logits_indices: list[int] = []
+        sampling: list[Sequence] = []
+        bs = self.block_size
+        for seq, num_new in scheduled:
+            start = seq.num_computed_tokens
+            end = start + num_new
+            tokens = seq.all_token_ids
+            input_ids.extend(tokens[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            cu_query_lens.append(cu_query_lens[-1] + num_new)
+            context_lens.append(end)
+            if end == seq.num_tokens:
+                logits_indices.append(cu_query_lens[-1] - 1)
+                sampling.append(seq)
+        max_blocks = max(len(seq.block_table) for seq, _ in scheduled)
+        block_tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
+
+        def t(data: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(data, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
+
+        batch = ForwardBatch(
+            cu_query_lens=t(cu_query_lens, torch.int32),
+            context_lens=t(context_lens, torch.int32),
+            block_tables=t(block_tables, torch.int32),
+            slot_mapping=t(slots, torch.int64),
+            logits_indices=t(logits_indices, torch.int64),
+            max_query_len=max(n for _, n in scheduled),
+            max_context_len=max(context_lens),
+        )
+        return t(input_ids, torch.int64), t(positions, torch.int64), batch, sampling
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[int, SampledToken]:
+        """Runs one step; returns the sampled token of each sequence that samples, by seq_id."""
+        input_ids, positions, batch, sampling = self._prepare(scheduled)
+        hidden = self.model(input_ids, positions, batch)
+        if not sampling:
+            return {}
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampled, vocab]
+        out = self.sampler(
+            logits,
+            [s.params for s in sampling],
+            [s.prompt_token_ids for s in sampling],
+            [s.output_token_ids for s in sampling],
+            [s.generator for s in sampling],
+            [sorted(s.stop_token_ids) for s in sampling],  # held back until min_tokens
+        )
+        token_ids = out.token_ids.tolist()  # the step's one host synchronisation
+        logprobs = out.logprobs.tolist()
+        top_ids = out.top_logprob_ids.tolist() if out.top_logprob_ids is not None else None
+        top_vals = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        result = {}
+        for i, seq in enumerate(sampling):
+            n = seq.params.logprobs or 0
+            top = list(zip(top_ids[i][:n], top_vals[i][:n])) if top_ids is not None and n else []
+            result[seq.seq_id] = SampledToken(token_ids[i], logprobs[i], top)
+        return result
