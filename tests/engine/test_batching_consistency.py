@@ -1,0 +1,74 @@
+"""The same greedy sequences whatever the batching: one by one, all together, chunked prefill,
+prefix-cache hits and preemption must all give identical tokens."""
+
+import pytest
+import torch
+
+from hotpath import LLM, SamplingParams
+
+MODEL = "qwen2-gqa4-tied"
+LENGTHS = [5, 33, 70, 16, 48, 91]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_factory):
+    path, hf_model = tiny_model_factory(MODEL)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, hf_model.config.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
+    return str(path), prompts
+
+
+PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def run(path, prompts, **kwargs):
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=256, **kwargs)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+    return llm, [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def one_by_one(setup):
+    path, prompts = setup
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=256,
+              enable_prefix_caching=False)
+    return [llm.generate({"prompt_token_ids": p}, PARAMS, use_tqdm=False)[0].outputs[0].token_ids
+            for p in prompts]
+
+
+def test_all_together(setup, one_by_one):
+    _, together = run(*setup, enable_prefix_caching=False)
+    assert together == one_by_one
+
+
+def test_chunked_prefill(setup, one_by_one):
+    # a budget of 20 tokens splits every prompt longer than 20 into chunks across steps
+    llm, chunked = run(*setup, max_num_batched_tokens=20, enable_prefix_caching=False)
+    assert chunked == one_by_one
+
+
+def test_prefix_cache_hits(setup, one_by_one):
+    path, prompts = setup
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=256)
+    first = [o.outputs[0].token_ids for o in
+             llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)]
+    hits_before = llm.engine.kv_cache.prefix_hit_tokens
+    # same prompts again, plus prompts that extend a cached prompt + output
+    again = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == one_by_one == first
+    assert llm.engine.kv_cache.prefix_hit_tokens > hits_before
+    assert all(o.num_cached_tokens == (len(p) - 1) // 16 * 16 for o, p in zip(again, prompts))
+
+
+def test_preemption(setup, one_by_one):
+    # 24 blocks of 16 = 384 tokens cannot hold all six sequences (~ 480 tokens) at once
+    llm, preempted = run(*setup, num_gpu_blocks_override=24, enable_prefix_caching=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert preempted == one_by_one
+    assert llm.engine.kv_cache.num_free_blocks == 24  # everything freed at the end
+
+
+def test_preemption_with_prefix_cache_and_chunks(setup, one_by_one):
+    llm, out = run(*setup, num_gpu_blocks_override=24, max_num_batched_tokens=24)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert out == one_by_one

@@ -1,0 +1,46 @@
+"""Tiny random HF checkpoints written with save_pretrained, for parity tests against transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# name -> (config class, kwargs); together they cover GQA 1:1, 4:1 and 8:1, tied and untied
+# embeddings, head_dim != hidden / heads, q/k/v biases, QK-norm and rope scaling.
+TINY_CONFIGS = {
+    "qwen2-gqa4-tied": ("Qwen2Config", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000000.0)),
+    "qwen3-gqa8-untied-hd": ("Qwen3Config", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=8,
+        num_key_value_heads=1, head_dim=32, tie_word_embeddings=False)),
+    "llama-mha-untied-llama3rope": ("LlamaConfig", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, tie_word_embeddings=False, max_position_embeddings=512,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama-gqa4-tied-hd": ("LlamaConfig", dict(
+        hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)),
+}
+
+
+def make_tiny_model(name: str, out_dir: Path, vocab_size: int = 512, seed: int = 0):
+    """Writes the checkpoint to out_dir and returns the HF model (fp32, eval)."""
+    import transformers
+
+    cls_name, kwargs = TINY_CONFIGS[name]
+    config_cls = getattr(transformers, cls_name)
+    kwargs = dict(kwargs)
+    kwargs.setdefault("max_position_embeddings", 1024)
+    config = config_cls(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    # the default init leaves norms at 1 and biases at 0; random values make the test stricter
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname or pname.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out_dir)
+    return model
