@@ -32,6 +32,7 @@ class LLM:
         skip_tokenizer_init: bool = False,
         gpu_memory_utilization: float = 0.9,
         num_gpu_blocks_override: int | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         self.engine = Engine(EngineArgs(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, load_format=load_format,
@@ -40,7 +41,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens, seed=seed,
             skip_tokenizer_init=skip_tokenizer_init,
             gpu_memory_utilization=gpu_memory_utilization,
-            num_gpu_blocks_override=num_gpu_blocks_override,
+            num_gpu_blocks_override=num_gpu_blocks_override, enforce_eager=enforce_eager,
         ))
         self._request_ids = itertools.count()
 

@@ -25,6 +25,7 @@ class EngineArgs:
     skip_tokenizer_init: bool = False
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
+    enforce_eager: bool = False
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +63,8 @@ class EngineArgs:
                        help="fraction of GPU memory for weights, activations and KV cache")
         g.add_argument("--num-gpu-blocks-override", type=int, default=None,
                        help="use exactly this many KV cache blocks (testing)")
+        g.add_argument("--enforce-eager", action="store_true",
+                       help="run decode eagerly instead of replaying captured CUDA graphs")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

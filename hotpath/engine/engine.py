@@ -77,7 +77,7 @@ class Engine:
         )
         self.runner = ModelRunner(
             self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,
-            args.seed,
+            args.seed, args.enforce_eager,
         )
         capacity = self.runner.num_blocks * self.config.block_size
         if capacity < max_model_len:

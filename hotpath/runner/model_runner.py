@@ -36,6 +36,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         seed: int = 0,
+        enforce_eager: bool = False,
     ) -> None:
         self.model_config = model_config
         self.engine_config = engine_config
@@ -48,6 +49,9 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
         self.sampler = Sampler()
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        if device.type == "cuda" and not enforce_eager:
+            self._capture_decode_graphs()
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -89,7 +93,9 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> None:
         cfg = self.model_config
-        shape = (self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        # one block more than the manager hands out: padding rows of a CUDA graph batch write there
+        self.scratch_block = self.num_blocks
+        shape = (self.num_blocks + 1, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = []
         for attn in self.model.attention_layers():
             k = torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -140,11 +146,16 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[int, SampledToken]:
         """Runs one step; returns the sampled token of each sequence that samples, by seq_id."""
-        input_ids, positions, batch, sampling = self._prepare(scheduled)
-        hidden = self.model(input_ids, positions, batch)
-        if not sampling:
-            return {}
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampled, vocab]
+        graph_size = self._graph_size(scheduled)
+        if graph_size:
+            logits = self._run_decode_graph(scheduled, graph_size)
+            sampling = [seq for seq, _ in scheduled]
+        else:
+            input_ids, positions, batch, sampling = self._prepare(scheduled)
+            hidden = self.model(input_ids, positions, batch)
+            if not sampling:
+                return {}
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampled, vocab]
         out = self.sampler(
             logits,
             [s.params for s in sampling],
@@ -163,3 +174,84 @@ class ModelRunner:
             top = list(zip(top_ids[i][:n], top_vals[i][:n])) if top_ids is not None and n else []
             result[seq.seq_id] = SampledToken(token_ids[i], logprobs[i], top)
         return result
+
+    # ---- CUDA graphs for decode ---------------------------------------------------------
+    def _graph_size(self, scheduled: list[tuple[Sequence, int]]) -> int:
+        """The captured batch size to run this step with, or 0 to run it eagerly."""
+        if not self.graphs or any(n != 1 or seq.num_computed_tokens + 1 != seq.num_tokens for seq, n in scheduled):
+            return 0
+        return next((size for size in sorted(self.graphs) if size >= len(scheduled)), 0)
+
+    def _capture_decode_graphs(self) -> None:
+        """Captures model forward + LM head for decode batches of each bucket size.
+
+        Graphs replay on static buffers: every step copies its token ids, positions, slots, context
+        lengths and block tables into them. Rows past the real batch attend to one token in the
+        scratch block, so padding never touches a sequence's cache."""
+        ec = self.engine_config
+        max_bs = min(ec.max_num_seqs, 256)
+        sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_bs} | {max_bs})
+        max_blocks = -(-ec.max_model_len // self.block_size)
+        dev = self.device
+        self.static = {
+            "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=dev),
+            "positions": torch.zeros(max_bs, dtype=torch.int64, device=dev),
+            "slot_mapping": torch.full((max_bs,), self.scratch_block * self.block_size, dtype=torch.int64, device=dev),
+            "context_lens": torch.ones(max_bs, dtype=torch.int32, device=dev),
+            "block_tables": torch.full((max_bs, max_blocks), self.scratch_block, dtype=torch.int32, device=dev),
+            "cu_query_lens": torch.arange(max_bs + 1, dtype=torch.int32, device=dev),
+            "logits_indices": torch.arange(max_bs, dtype=torch.int64, device=dev),
+        }
+        st = self.static
+        pool = torch.cuda.graph_pool_handle()
+        for bs in reversed(sizes):  # largest first, so smaller graphs reuse its memory pool
+            batch = ForwardBatch(
+                cu_query_lens=st["cu_query_lens"][: bs + 1],
+                context_lens=st["context_lens"][:bs],
+                block_tables=st["block_tables"][:bs],
+                slot_mapping=st["slot_mapping"][:bs],
+                logits_indices=st["logits_indices"][:bs],
+                max_query_len=1,
+                # kernels size their grids from this; the longest context keeps every replay valid
+                max_context_len=ec.max_model_len,
+            )
+
+            def forward() -> torch.Tensor:
+                hidden = self.model(st["input_ids"][:bs], st["positions"][:bs], batch)
+                return self.model.compute_logits(hidden)
+
+            with torch.inference_mode():
+                forward()  # warm up: Triton compiles and autotunes outside the capture
+                torch.cuda.synchronize(dev)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits = forward()
+            self.graphs[bs] = (graph, logits)
+        torch.cuda.synchronize(dev)
+
+    def _run_decode_graph(self, scheduled: list[tuple[Sequence, int]], size: int) -> torch.Tensor:
+        n = len(scheduled)
+        bs = self.block_size
+        st = self.static
+        ids, pos, slots, ctx = [], [], [], []
+        max_blocks = 0
+        for seq, _ in scheduled:
+            p = seq.num_tokens - 1
+            ids.append(seq.output_token_ids[-1] if seq.output_token_ids else seq.prompt_token_ids[-1])
+            pos.append(p)
+            slots.append(seq.block_table[p // bs] * bs + p % bs)
+            ctx.append(p + 1)
+            max_blocks = max(max_blocks, len(seq.block_table))
+        table = [seq.block_table + [self.scratch_block] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
+        st["input_ids"][:n].copy_(torch.tensor(ids), non_blocking=True)
+        st["positions"][:n].copy_(torch.tensor(pos), non_blocking=True)
+        st["slot_mapping"][:n].copy_(torch.tensor(slots), non_blocking=True)
+        st["context_lens"][:n].copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
+        st["block_tables"][:n, :max_blocks].copy_(torch.tensor(table, dtype=torch.int32), non_blocking=True)
+        if size > n:  # padding rows: one token in the scratch block
+            st["slot_mapping"][n:size].fill_(self.scratch_block * bs)
+            st["context_lens"][n:size].fill_(1)
+            st["block_tables"][n:size, 0].fill_(self.scratch_block)
+        graph, logits = self.graphs[size]
+        graph.replay()
+        return logits[:n]

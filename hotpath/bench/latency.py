@@ -1,0 +1,195 @@
+"""`hotpath bench latency`: TTFT and TPOT of one batch, against the HBM roofline measured in the
+same run, and optionally against HF transformers on the same config and GPU."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hotpath.bench import roofline
+from hotpath.bench.presets import PRESETS, preset_dir
+from hotpath.engine.args import EngineArgs
+from hotpath.engine.engine import Engine
+from hotpath.sampling_params import SamplingParams
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tuple[float, list[float]]:
+    """Returns (TTFT, decode step times) for one batch run to completion."""
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", {"prompt_token_ids": p}, params)
+    ttft = None
+    started: set[str] = set()
+    step_times = []
+    last = start
+    while engine.has_unfinished_requests():
+        outs = engine.step()  # ends with the host copy of sampled ids: a real sync point
+        now = time.perf_counter()
+        if ttft is None:
+            started.update(o.request_id for o in outs)
+            if len(started) == len(prompts):  # every prompt has its first token
+                ttft = now - start
+        else:
+            step_times.append(now - last)
+        last = now
+    return ttft, step_times
+
+
+def run_hotpath(ns: argparse.Namespace, model_dir: str) -> dict:
+    total_len = ns.input_len + ns.output_len
+    blocks = ns.batch_size * (-(-total_len // 16) + 1) + 16
+    args = EngineArgs(
+        model=model_dir, load_format=ns.load_format, dtype=ns.dtype, skip_tokenizer_init=True,
+        max_model_len=max(total_len + 16, 64), enable_prefix_caching=False,
+        max_num_seqs=max(ns.batch_size, 1), num_gpu_blocks_override=blocks,
+        max_num_batched_tokens=max(8192, ns.input_len), enforce_eager=ns.enforce_eager,
+    )
+    say(f"loading hotpath engine ({ns.load_format} weights) and capturing CUDA graphs")
+    engine = Engine(args)
+    cfg = engine.model_config
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, cfg.vocab_size, (ns.input_len,), generator=g).tolist()
+               for _ in range(ns.batch_size)]
+    say("warm-up run")
+    _run_batch(engine, prompts, min(ns.output_len, 8))
+    say(f"timed run: batch {ns.batch_size}, {ns.input_len} prompt tokens, {ns.output_len} output tokens")
+    ttft, steps = _run_batch(engine, prompts, ns.output_len)
+    tpot = sum(steps) / len(steps) if steps else float("nan")
+    model = engine.runner.model
+    weight_bytes = roofline.decode_weight_bytes(model, cfg, ns.batch_size)
+    mean_ctx = ns.input_len + ns.output_len / 2
+    kv_bytes = int(ns.batch_size * mean_ctx * roofline.kv_bytes_per_token(cfg, engine.dtype))
+    params = sum(p.numel() for p in model.parameters())
+    emb = model.model.embed_tokens.weight.numel()
+    active = params - emb - (0 if cfg.tie_word_embeddings else model.lm_head.weight.numel())
+    result = {
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "tpot_median_s": sorted(steps)[len(steps) // 2] if steps else float("nan"),
+        "output_tokens_per_s": ns.batch_size / tpot,
+        "weight_bytes_per_step": weight_bytes,
+        "kv_bytes_per_step": kv_bytes,
+        "prefill_flops": roofline.prefill_flops(cfg, active, ns.input_len) * ns.batch_size,
+        "kv_cache_tokens": engine.runner.num_blocks * engine.config.block_size,
+    }
+    del engine, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_hf(ns: argparse.Namespace, model_dir: str, dtype: torch.dtype) -> dict:
+    """HF transformers, eager, same config and GPU, random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    say("building the HF transformers model on the same config")
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    ids = torch.randint(0, config.vocab_size, (ns.batch_size, ns.input_len), device="cuda")
+    out_len = min(ns.output_len, 64)  # TPOT does not need the full length at HF's speed
+
+    def generate(n: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    say("HF warm-up")
+    generate(2)
+    ttft = generate(1)
+    total = generate(out_len)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"ttft_s": ttft, "tpot_s": (total - ttft) / (out_len - 1)}
+
+
+def main(ns: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("hotpath bench latency needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if ns.preset:
+        model_dir = str(preset_dir(ns.preset))
+        ns.load_format = "dummy"
+    elif ns.model:
+        model_dir = ns.model
+    else:
+        print("give --model or --preset", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    say("measuring HBM bandwidth (device-to-device copy) and the bf16 matmul rate")
+    bandwidth = roofline.measure_bandwidth(device)
+    matmul = roofline.measure_matmul_flops(device)
+    res = run_hotpath(ns, model_dir)
+    roof = (res["weight_bytes_per_step"] + res["kv_bytes_per_step"]) / bandwidth
+    res.update(
+        name=ns.preset or ns.model, batch_size=ns.batch_size, input_len=ns.input_len,
+        output_len=ns.output_len, device=torch.cuda.get_device_name(), bandwidth_Bps=bandwidth,
+        matmul_flops=matmul, roofline_tpot_s=roof, tpot_over_roofline=res["tpot_s"] / roof,
+        prefill_tflops=res["prefill_flops"] / res["ttft_s"] / 1e12,
+        prefill_fraction_of_matmul=res["prefill_flops"] / res["ttft_s"] / matmul,
+        date=time.strftime("%Y-%m-%d"),
+    )
+    if ns.compare == "hf":
+        dtype = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                 "float32": torch.float32}[ns.dtype]
+        hf = run_hf(ns, model_dir, dtype)
+        res["hf_ttft_s"] = hf["ttft_s"]
+        res["hf_tpot_s"] = hf["tpot_s"]
+        res["hf_tpot_over_roofline"] = hf["tpot_s"] / roof
+    _print_table(res)
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+def _print_table(r: dict) -> None:
+    rows = [
+        ("model", r["name"]),
+        ("batch / input / output", f"{r['batch_size']} / {r['input_len']} / {r['output_len']}"),
+        ("HBM bandwidth (copy)", f"{r['bandwidth_Bps'] / 1e12:.2f} TB/s"),
+        ("bytes per decode step", f"{(r['weight_bytes_per_step'] + r['kv_bytes_per_step']) / 1e9:.2f} GB"),
+        ("roofline TPOT", f"{r['roofline_tpot_s'] * 1e3:.3f} ms"),
+        ("TTFT", f"{r['ttft_s'] * 1e3:.2f} ms ({r['prefill_tflops']:.0f} TFLOP/s, "
+                 f"{r['prefill_fraction_of_matmul']:.2f} of matmul {r['matmul_flops'] / 1e12:.0f})"),
+        ("TPOT", f"{r['tpot_s'] * 1e3:.3f} ms = {r['tpot_over_roofline']:.2f}x roofline"),
+        ("output tokens/s", f"{r['output_tokens_per_s']:.1f}"),
+    ]
+    if "hf_tpot_s" in r:
+        rows += [("HF TTFT", f"{r['hf_ttft_s'] * 1e3:.2f} ms"),
+                 ("HF TPOT", f"{r['hf_tpot_s'] * 1e3:.3f} ms = {r['hf_tpot_over_roofline']:.2f}x roofline")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("latency", help="time one batch: TTFT, TPOT and the HBM roofline")
+    p.add_argument("--model", "-m", default=None, help="HF model directory (config.json)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="a published model shape with random weights (implies --load-format dummy)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
+                   help="dummy = random weights at the real shapes")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="model dtype (auto = the checkpoint's, bfloat16 for fp32 checkpoints)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--input-len", type=int, default=512, help="prompt tokens per sequence")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens per sequence")
+    p.add_argument("--compare", choices=["hf"], default=None,
+                   help="also time HF transformers (eager) on the same config in this process")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--json", default=None, help="write the figures to this JSON file")
+    p.set_defaults(func=main)

@@ -1,0 +1,37 @@
+"""Published model shapes as config.json presets, for benchmarks with random weights."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+_QWEN3 = dict(
+    architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, head_dim=128,
+    rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960, torch_dtype="bfloat16",
+    hidden_act="silu", eos_token_id=151645, bos_token_id=151643,
+)
+
+PRESETS: dict[str, dict] = {
+    "qwen3-0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-8b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-32b": dict(_QWEN3, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                      num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen2.5-coder-32b": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=152064,
+        hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+        num_key_value_heads=8, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        max_position_embeddings=32768, tie_word_embeddings=False, torch_dtype="bfloat16",
+        hidden_act="silu", eos_token_id=151643, bos_token_id=151643),
+}
+
+
+def preset_dir(name: str) -> Path:
+    """Writes the preset's config.json into a fresh directory (for load_format="dummy")."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    out = Path(tempfile.mkdtemp(prefix=f"hotpath-{name}-"))
+    (out / "config.json").write_text(json.dumps(PRESETS[name], indent=2))
+    return out
