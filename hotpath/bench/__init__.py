@@ -1,0 +1,1 @@
+"""Benchmarks: latency against the roofline (latency.py) and serving load (serve.py)."""
