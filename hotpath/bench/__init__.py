@@ -1,1 +1,2 @@
-"""Benchmarks: latency against the roofline (latency.py) and serving load (serve.py)."""
+"""Benchmarks: serve.py (`hotpath bench serve`, load on an OpenAI-compatible server), datasets.py
+(the prompt sets), plot.py (latency vs throughput)."""

@@ -201,10 +201,13 @@ class AsyncEngine:
                 self._drain_commands()
                 if self._stopping:
                     break
+                outputs = []
                 if self.engine.has_unfinished_requests():
-                    self._dispatch(self.engine.step())
+                    outputs = self.engine.step()
                     self.stats.num_steps += 1
+                # stats first, so a consumer woken by an output never sees older stats
                 self._refresh_stats()
+                self._dispatch(outputs)
         except BaseException as e:  # a failed step leaves the engine in an unknown state
             logger.exception("hotpath engine loop failed; no further requests will be served")
             self.error = e
