@@ -27,10 +27,24 @@ class Attention(nn.Module):
         v: torch.Tensor,
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        assert self.kv_cache is not None, "KV cache not bound to the attention layer"
-        k_cache, v_cache = self.kv_cache
+        """Writes this step's k and v into the cache, then attends."""
+        k_cache, v_cache = self.caches()
         write_kv_cache(k, v, k_cache, v_cache, batch.slot_mapping)
+        return self.attend(q, batch)
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Attends over the cache, which already holds this step's k and v (written by a fused
+        op such as qk_norm_rope_and_cache)."""
+        k_cache, v_cache = self.caches()
         return paged_attention(
             q, k_cache, v_cache, batch.cu_query_lens, batch.context_lens, batch.block_tables,
-            self.scale,
+            self.scale, batch.max_query_len, batch.max_context_len,
         )
+
+    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.kv_cache is not None, "KV cache not bound to the attention layer"
+        return self.kv_cache

@@ -18,6 +18,7 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
+from hotpath.ops.rotary import qk_norm_rope_and_cache
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -46,10 +47,16 @@ class SelfAttention(nn.Module):
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v, batch)
+            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        else:
+            qk_norm = (None, None, 0.0)
+        k_cache, v_cache = self.attn.caches()
+        # QK-norm (Qwen3), RoPE, and this step's k/v into the cache, in one fused op
+        q = qk_norm_rope_and_cache(
+            q, k, v, positions, self.rotary.cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
+            *qk_norm,
+        )
+        out = self.attn.attend(q, batch)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 

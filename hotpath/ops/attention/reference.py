@@ -3,7 +3,9 @@
 Cache layout (one pair per attention layer):
     k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 A token at position p of a sequence lives in block block_table[p // block_size], row p % block_size;
-its flat slot is block_id * block_size + p % block_size.
+its flat slot is block_id * block_size + p % block_size. That is the index order; the memory order
+may differ (the tensors may be strided views, e.g. of [num_blocks, num_kv_heads, block_size,
+head_dim] storage): the reference and the kernels only need head_dim to be contiguous.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ def write_kv_cache(
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # [num_tokens] int64, flat slot of each new token
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, flat slot of each new token; < 0: skip it
 ) -> None:
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    if slot_mapping.numel() and int(slot_mapping.min()) < 0:  # padding tokens own no slot
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    block_size = k_cache.shape[1]
+    blocks, rows = slot_mapping // block_size, slot_mapping % block_size
+    k_cache[blocks, rows] = k.to(k_cache.dtype)
+    v_cache[blocks, rows] = v.to(v_cache.dtype)
 
 
 def paged_attention(
@@ -31,12 +37,14 @@ def paged_attention(
     context_lens: torch.Tensor,  # [num_seqs] int32, tokens in the cache incl. this step's
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     scale: float,
+    max_query_len: int,  # largest query_len in the batch (the kernels size their grids from these
+    max_context_len: int,  # two host-side ints; the reference has no need of them)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new queries over its whole cached context.
 
     The queries of a sequence are its last `query_len` positions, so one formula serves a prefill,
     a prefill chunk after cached tokens (chunked prefill, prefix-cache hit), a decode (query_len 1)
-    and a multi-token verify step.
+    and a multi-token verify step. The new tokens' K/V must already be in the cache.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]

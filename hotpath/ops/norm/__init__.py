@@ -1,5 +1,30 @@
-"""RMSNorm."""
+"""RMSNorm, plain and fused with the residual add: the reference on the CPU, Triton on the GPU
+(see hotpath/ops/backend.py)."""
 
-from hotpath.ops.norm.reference import fused_add_rms_norm, rms_norm
+from __future__ import annotations
+
+import torch
+
+from hotpath.ops import backend
+from hotpath.ops.norm import reference
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if backend.use_triton(x):
+        from hotpath.ops.norm import triton as kernels
+
+        return kernels.rms_norm(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend.use_triton(x):
+        from hotpath.ops.norm import triton as kernels
+
+        return kernels.fused_add_rms_norm(x, residual, weight, eps)
+    return reference.fused_add_rms_norm(x, residual, weight, eps)
+
 
 __all__ = ["fused_add_rms_norm", "rms_norm"]

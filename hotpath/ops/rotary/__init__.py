@@ -1,5 +1,45 @@
-"""Rotary position embedding."""
+"""Rotary position embedding, plain and fused with QK-norm and the KV-cache write: the reference on
+the CPU, Triton on the GPU (see hotpath/ops/backend.py)."""
 
-from hotpath.ops.rotary.reference import apply_rotary
+from __future__ import annotations
 
-__all__ = ["apply_rotary"]
+import torch
+
+from hotpath.ops import backend
+from hotpath.ops.rotary import reference
+
+
+def apply_rotary(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> torch.Tensor:
+    if backend.use_triton(x):
+        from hotpath.ops.rotary import triton as kernels
+
+        return kernels.apply_rotary(x, positions, cos_sin_cache)
+    return reference.apply_rotary(x, positions, cos_sin_cache)
+
+
+def qk_norm_rope_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """See reference.qk_norm_rope_and_cache."""
+    args = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+            q_norm_weight, k_norm_weight, eps)
+    if backend.use_triton(q):
+        from hotpath.ops.rotary import triton as kernels
+
+        return kernels.qk_norm_rope_and_cache(*args)
+    return reference.qk_norm_rope_and_cache(*args)
+
+
+__all__ = ["apply_rotary", "qk_norm_rope_and_cache"]

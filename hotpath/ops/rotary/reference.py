@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from hotpath.ops.attention.reference import write_kv_cache
+from hotpath.ops.norm.reference import rms_norm
+
 
 def apply_rotary(
     x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -21,3 +24,27 @@ def apply_rotary(
     if rotary_dim < x.shape[-1]:
         rotated = torch.cat((rotated, xf[..., rotary_dim:]), dim=-1)
     return rotated.to(x.dtype)
+
+
+def qk_norm_rope_and_cache(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    positions: torch.Tensor,  # [num_tokens] int64
+    cos_sin_cache: torch.Tensor,  # [max_positions, rotary_dim] fp32
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+    q_norm_weight: torch.Tensor | None = None,  # [head_dim]; Qwen3's per-head RMSNorm, or None
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:  # q after norm and rotation: [num_tokens, num_heads, head_dim]
+    """Everything between the qkv projection and attention: optional per-head RMSNorm of q and k,
+    RoPE on both, and the rotated k with v written into the cache."""
+    if q_norm_weight is not None:
+        q = rms_norm(q, q_norm_weight, eps)
+        k = rms_norm(k, k_norm_weight, eps)
+    q = apply_rotary(q, positions, cos_sin_cache)
+    k = apply_rotary(k, positions, cos_sin_cache)
+    write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    return q

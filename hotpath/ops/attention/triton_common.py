@@ -1,0 +1,102 @@
+"""Pieces shared by the Triton prefill and decode attention kernels.
+
+Both walk a sequence's keys in tiles of BLOCK_N positions, gathering each tile from the paged cache
+through the block table, and keep a FlashAttention-style running softmax per query row:
+m (running max of the scores, log2 units), l (running sum of exp2(score - m)) and acc (the
+running sum of probabilities times values). Scores are computed in log2 units (q.k * scale * log2 e)
+so the kernels use exp2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def dot_precision(dtype) -> str:
+    """fp32 inputs take the full-precision dot (the default would round them to tf32)."""
+    return "ieee" if str(dtype) == "torch.float32" else "tf32"
+
+
+@triton.jit
+def load_kv_tile(
+    cache_ptr,
+    row_offsets,  # [BLOCK_N] int64 element offset of each key's row for this kv head
+    d,  # [HEAD_DIM_PAD] arange
+    n_ok,  # [BLOCK_N] bool, used only when MASK_N
+    MASK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    ptrs = cache_ptr + row_offsets[:, None] + d[None, :]
+    if HEAD_DIM == HEAD_DIM_PAD:
+        if MASK_N:
+            tile = tl.load(ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    else:
+        if MASK_N:
+            tile = tl.load(ptrs, mask=n_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=d[None, :] < HEAD_DIM, other=0.0)
+    return tile  # [BLOCK_N, HEAD_DIM_PAD]
+
+
+@triton.jit
+def attend_tile(
+    acc,  # [BLOCK_M, HEAD_DIM_PAD] fp32
+    l_i,  # [BLOCK_M] fp32
+    m_i,  # [BLOCK_M] fp32
+    q,  # [BLOCK_M, HEAD_DIM_PAD]
+    q_pos,  # [BLOCK_M] position of each query row
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,  # this sequence's row of the block table
+    n0,  # first key position of the tile
+    n_end,  # keys at n_end and beyond are not read (used only when MASKED)
+    kv_head,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    scale_log2,
+    d,
+    MASKED: tl.constexpr,  # apply the causal mask and the n < n_end bound
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = n < n_end
+    if MASKED:
+        block_ids = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+    else:
+        block_ids = tl.load(block_table_ptr + n // BLOCK_SIZE).to(tl.int64)
+    in_block = n % BLOCK_SIZE
+    k_rows = block_ids * stride_kb + in_block * stride_kt + kv_head * stride_kh
+    k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row that has seen no visible key yet keeps m = -inf; shift it by 0 instead so that
+    # exp2 gives 0 rather than exp2(-inf - -inf) = nan
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_shift[:, None])
+    alpha = tl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_rows = block_ids * stride_vb + in_block * stride_vt + kv_head * stride_vh
+    v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, l_i, m_new

@@ -1,0 +1,255 @@
+"""Decode attention over the paged KV cache: flash-decoding, for steps whose queries are few per
+sequence (a decode's one token, or the k+1 tokens of a speculative verify step).
+
+One program handles (sequence, kv head, split of the context). Its query rows are every query token
+of the sequence times every q head sharing that kv head (GQA), so each K/V tile is read from memory
+once for the whole group and the dot products have enough rows for tensor cores. Splitting the
+context lets batch-1 long-context decode use every SM; each split writes its normalised partial
+output and log-sum-exp, and a second kernel merges the splits. With a single split the first kernel
+writes the output directly.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotpath.ops.attention.triton_common import (
+    LOG2E,
+    attend_tile,
+    dot_precision,
+    next_power_of_2,
+)
+
+# Split the context until there are about this many programs per SM (subject to MIN_SPLIT_TOKENS).
+PROGRAMS_PER_SM = 2
+# A split shorter than this costs more in the merge than it saves.
+MIN_SPLIT_TOKENS = 256
+MAX_SPLITS = 256
+
+_num_sms: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _num_sms:
+        _num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _num_sms[index]
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    cu_query_lens_ptr,
+    context_lens_ptr,
+    block_tables_ptr,
+    out_ptr,
+    part_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32
+    part_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32, log2 units
+    scale_log2,
+    split_len,
+    num_heads,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    DIRECT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(cu_query_lens_ptr + seq)
+    q_len = tl.load(cu_query_lens_ptr + seq + 1) - q_start
+    ctx = tl.load(context_lens_ptr + seq)
+
+    rows = tl.arange(0, BLOCK_M)  # row = query token * GROUP + head within the group
+    tok = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = tok < q_len
+    q_pos = ctx - q_len + tok
+    d = tl.arange(0, HEAD_DIM_PAD)
+    row_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
+    token = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_mask,
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+    for n0 in range(start, end, BLOCK_N):
+        acc, l_i, m_i = attend_tile(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
+            True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
+        )
+
+    if DIRECT:
+        # one split holds the whole context, so every real row has seen at least its own key
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_mask,
+        )
+    else:
+        # a split past a row's position (or past the context) has seen nothing: weight 0
+        seen = l_i > 0.0
+        l_safe = tl.where(seen, l_i, 1.0)
+        lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
+        part = (token * num_heads + head) * num_splits + split
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+        tl.store(
+            part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc / l_safe[:, None],
+            mask=row_mask,
+        )
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_heads,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    base = (token * num_heads + head) * num_splits
+    s = tl.arange(0, SPLITS_PAD)
+    lse_max = tl.max(tl.load(part_lse_ptr + base + s, mask=s < num_splits, other=float("-inf")), 0)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
+    weight_sum = tl.zeros([SPLIT_CHUNK], tl.float32)
+    # chunks of splits, so that many splits of a wide head do not spill registers
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        c = s0 + tl.arange(0, SPLIT_CHUNK)
+        c_ok = c < num_splits
+        lse = tl.load(part_lse_ptr + base + c, mask=c_ok, other=float("-inf"))
+        weight = tl.exp2(lse - lse_max)  # empty splits weigh 0
+        part = tl.load(
+            part_out_ptr + (base + c)[:, None] * HEAD_DIM + d[None, :],
+            mask=c_ok[:, None] & (d[None, :] < HEAD_DIM),
+            other=0.0,
+        )
+        acc += tl.sum(part * weight[:, None], 0)
+        weight_sum += weight
+    out = acc / tl.sum(weight_sum, 0)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
+    )
+
+
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device, block_n: int
+) -> tuple[int, int]:
+    """Returns (num_splits, split_len): enough splits to give every SM a few programs, none
+    shorter than MIN_SPLIT_TOKENS; split_len is a multiple of block_n."""
+    programs = num_seqs * num_kv_heads
+    wanted = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), programs)
+    num_splits = max(1, min(wanted, triton.cdiv(max_context_len, MIN_SPLIT_TOKENS), MAX_SPLITS))
+    split_len = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), block_n) * block_n
+    return triton.cdiv(max(max_context_len, 1), split_len), split_len
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] (any strides, head_dim contiguous)
+    v_cache: torch.Tensor,
+    cu_query_lens: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    scale: float,
+    max_query_len: int,
+    max_context_len: int,
+    *,
+    num_splits: int | None = None,  # tuning and tests: force the number of context splits
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify)."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = context_lens.shape[0]
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    assert num_heads % num_kv_heads == 0
+    group = num_heads // num_kv_heads
+    head_dim_pad = max(16, next_power_of_2(head_dim))
+    if block_n is None:
+        block_n = 64 if head_dim_pad <= 128 else 32
+    block_m = max(16, next_power_of_2(max_query_len * group))
+    if num_splits is None:
+        num_splits, split_len = choose_num_splits(
+            num_seqs, num_kv_heads, max_context_len, q.device, block_n
+        )
+    else:
+        split_len = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), block_n) * block_n
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return out
+    direct = num_splits == 1
+    if direct:
+        part_out = part_lse = out  # unused
+    else:
+        part_out = torch.empty(
+            (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty(
+            (num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device
+        )
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
+        out, part_out, part_lse,
+        scale * LOG2E, split_len, num_heads, num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct,
+        PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if not direct:
+        _decode_merge_kernel[(num_tokens, num_heads)](
+            part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+            SPLITS_PAD=next_power_of_2(num_splits), SPLIT_CHUNK=min(16, next_power_of_2(num_splits)),
+            num_warps=4,
+        )
+    return out

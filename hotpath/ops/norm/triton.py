@@ -1,0 +1,85 @@
+"""RMSNorm kernels: one program per row. They round where the reference rounds (the sum to the
+input dtype, the normalised row to the input dtype before the weight), so they agree with it to
+the last bit in most elements."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotpath.ops.triton_utils import row_warps, tl_dtype
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    sum_ptr,
+    hidden,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_s,
+    HAS_RESIDUAL: tl.constexpr,
+    SUM_DTYPE: tl.constexpr,  # the dtype x + residual is rounded to (the reference's)
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(SUM_DTYPE)
+        tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, 0) / hidden + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _launch(x, residual, weight, eps):
+    hidden = x.shape[-1]
+    x2 = _rows(x)
+    r2 = _rows(residual) if residual is not None else x2
+    sum_dtype = torch.promote_types(x.dtype, residual.dtype) if residual is not None else x.dtype
+    out_dtype = torch.promote_types(weight.dtype, sum_dtype)
+    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    summed = torch.empty(x2.shape, dtype=sum_dtype, device=x.device) if residual is not None else out
+    if x2.shape[0] > 0:
+        block = triton.next_power_of_2(hidden)
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, out, summed, hidden, eps,
+            x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0),
+            HAS_RESIDUAL=residual is not None, SUM_DTYPE=tl_dtype(sum_dtype), BLOCK=block,
+            num_warps=row_warps(block),
+        )
+    return out.view(x.shape[:-1] + (hidden,)), summed.view(x.shape[:-1] + (hidden,))
+
+
+def rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden] (any leading dims)
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> torch.Tensor:
+    return _launch(x, None, weight, eps)[0]
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    residual: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual), like the reference."""
+    return _launch(x, residual, weight, eps)
