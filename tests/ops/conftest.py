@@ -1,0 +1,58 @@
+"""Kernel tests run in two ways:
+
+- on a machine without a GPU, the Triton kernels run on CPU tensors under TRITON_INTERPRET=1 at
+  small shapes, in fp32 (the interpreter computes bf16 wrongly without saying so);
+- on a GPU, the wider matrix runs natively (tests marked with the `cuda` skip).
+
+TRITON_INTERPRET must be set before a kernel module is imported (triton.jit reads it when a kernel
+is defined); hotpath imports its kernel modules lazily, so setting it here is early enough.
+"""
+
+import os
+
+import pytest
+import torch
+
+from hotpath.ops import backend
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def interpreter():
+    """Runs the test's ops through the Triton kernels on CPU tensors, under the interpreter."""
+    if not backend.triton_available():
+        pytest.skip("triton is not installed: the kernels cannot run under its interpreter")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the cuda tests run these kernels natively")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("TRITON_INTERPRET is set to something other than 1")
+    previous = backend.get_backend()
+    backend.set_backend("triton")
+    yield
+    backend.set_backend(previous)
+
+
+@pytest.fixture
+def gpu_triton():
+    """Forces the Triton kernels (the default on CUDA tensors anyway) for a cuda test."""
+    previous = backend.get_backend()
+    backend.set_backend("triton")
+    yield
+    backend.set_backend(previous)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every float tensor from torch.empty / torch.empty_like starts as NaN, so a kernel that leaves
+    part of its output (or of a work buffer it later reads) unwritten fails the test."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(empty_like(*a, **kw)))

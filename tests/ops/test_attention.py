@@ -1,0 +1,184 @@
+"""Paged attention: the reference against plain causal attention, and the Triton kernels (prefill,
+decode with context splits, the KV-cache write) against the reference."""
+
+import pytest
+import torch
+
+from hotpath.ops import attention
+from hotpath.ops.attention import reference
+from ops_cases import TOL, cuda, empty_cache, paged_batch, rel_err
+
+
+def dense_causal_attention(q, k, v, scale):
+    """q: [query_len, heads, dim] the last positions of k, v: [ctx, kv_heads, dim]."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).transpose(0, 1).double()
+    v = v.repeat_interleave(group, dim=1).transpose(0, 1).double()
+    q = q.transpose(0, 1).double()
+    ctx, query_len = k.shape[1], q.shape[1]
+    mask = torch.ones(query_len, ctx, dtype=torch.bool).tril(ctx - query_len)
+    scores = (q @ k.transpose(1, 2) * scale).masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1)
+
+
+def test_reference_matches_dense_attention():
+    qlens, ctxs = [1, 5, 12, 3], [1, 9, 12, 40]
+    b = paged_batch(qlens, ctxs, num_heads=4, num_kv_heads=2, head_dim=8, block_size=4,
+                    dtype=torch.float32, device="cpu")
+    out = reference.paged_attention(*b.args(0.4))
+    for i, ctx in enumerate(ctxs):
+        pos = torch.arange(ctx)
+        blocks = b.block_tables[i, pos // 4].long()
+        k, v = b.k_cache[blocks, pos % 4], b.v_cache[blocks, pos % 4]
+        start, end = int(b.cu_query_lens[i]), int(b.cu_query_lens[i + 1])
+        want = dense_causal_attention(b.q[start:end], k, v, 0.4)
+        assert rel_err(out[start:end], want) < 1e-6
+
+
+def test_reference_write_skips_negative_slots():
+    k_cache = torch.zeros(2, 4, 1, 2)
+    v_cache = torch.zeros(2, 4, 1, 2)
+    k = torch.ones(3, 1, 2)
+    reference.write_kv_cache(k, 2 * k, k_cache, v_cache, torch.tensor([5, -1, 0]))
+    assert k_cache.view(8, 2)[[0, 5]].eq(1).all() and k_cache.view(8, 2).sum() == 4
+    assert v_cache.view(8, 2)[[0, 5]].eq(2).all()
+
+
+def check_kernel(batch, scale=0.3, **kernel_kwargs):
+    """The op through the dispatch (or one kernel, with kwargs) against the fp32 reference."""
+    want = reference.paged_attention(*batch.fp32_args(scale))
+    if kernel_kwargs:
+        kernel = kernel_kwargs.pop("kernel")
+        got = kernel.paged_attention(*batch.args(scale), **kernel_kwargs)
+    else:
+        got = attention.paged_attention(*batch.args(scale))
+    assert got.dtype == batch.q.dtype and got.shape == batch.q.shape
+    err = rel_err(got, want)
+    assert err < TOL[batch.q.dtype], f"relative error {err:.2e}"
+    return err
+
+
+# ---- under the Triton interpreter (CPU, fp32, small shapes) ------------------------------------
+# (query_lens, context_lens): decodes at block boundaries, a verify step (k+1 queries per sequence)
+# mixed with decodes, prefills after cached prefixes (chunked prefill, prefix hits), fresh prefills
+INTERP_CASES = {
+    "decode": ([1, 1, 1, 1, 1], [1, 4, 5, 16, 37]),
+    "verify": ([4, 1, 3], [4, 9, 30]),
+    "prefill_with_prefix": ([20, 7, 1, 33], [20, 30, 12, 50]),
+}
+
+
+@pytest.mark.parametrize("case", list(INTERP_CASES))
+@pytest.mark.parametrize("group,head_dim,layout", [(1, 16, "nhd"), (4, 24, "hnd"), (2, 32, "nhd")])
+def test_interpreter_dispatch(case, group, head_dim, layout, interpreter, poisoned):
+    qlens, ctxs = INTERP_CASES[case]
+    b = paged_batch(qlens, ctxs, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                    block_size=4, dtype=torch.float32, device="cpu", layout=layout)
+    check_kernel(b)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 20])
+def test_interpreter_decode_splits(num_splits, interpreter, poisoned):
+    from hotpath.ops.attention import triton_decode
+
+    # 5 splits of 16 keys over contexts up to 70: the short sequences have empty splits
+    b = paged_batch([1, 2, 1], [3, 17, 70], num_heads=8, num_kv_heads=2, head_dim=16,
+                    block_size=8, dtype=torch.float32, device="cpu")
+    check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16)
+
+
+def test_interpreter_prefill_small_tiles(interpreter, poisoned):
+    from hotpath.ops.attention import triton_prefill
+
+    # 16x16 tiles: several unmasked key tiles before the diagonal, ragged last tiles
+    b = paged_batch([40, 3, 17], [70, 3, 29], num_heads=4, num_kv_heads=1, head_dim=16,
+                    block_size=4, dtype=torch.float32, device="cpu")
+    check_kernel(b, kernel=triton_prefill, config=(16, 16, 4, 2))
+
+
+def test_interpreter_write_kv_cache(interpreter):
+    k = torch.randn(5, 2, 24)
+    v = torch.randn(5, 2, 24)
+    slots = torch.tensor([7, 0, -1, 12, 3])
+    for layout in ("nhd", "hnd"):
+        caches = [empty_cache(4, 4, 2, 24, torch.float32, "cpu", layout) for _ in range(4)]
+        attention.write_kv_cache(k, v, caches[0], caches[1], slots)
+        reference.write_kv_cache(k, v, caches[2], caches[3], slots)
+        for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+            assert torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+# ---- on the GPU: the wide matrix -------------------------------------------------------------
+def _ragged(kind: str) -> tuple[list[int], list[int]]:
+    if kind == "decode":  # around block boundaries (16), and long
+        return [1] * 8, [1, 15, 16, 17, 255, 256, 1000, 4099]
+    if kind == "verify":  # k+1 = 4 query tokens, with a decode mixed in
+        return [4, 4, 1, 4], [4, 33, 700, 2048]
+    if kind == "prefill":  # fresh prompts, chunks after cached prefixes, a decode riding along
+        return [1000, 17, 256, 1, 64], [1000, 17, 1300, 513, 64]
+    raise ValueError(kind)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("kind", ["decode", "verify", "prefill"])
+def test_cuda_ragged(kind, group, head_dim, dtype, gpu_triton, poisoned):
+    qlens, ctxs = _ragged(kind)
+    b = paged_batch(qlens, ctxs, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                    block_size=16, dtype=dtype, device="cuda")
+    check_kernel(b)
+
+
+@cuda
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+@pytest.mark.parametrize("ctx", [1, 2047, 8192, 32768])
+@pytest.mark.parametrize("query_len", [1, 4])
+def test_cuda_long_context_decode(ctx, query_len, layout, gpu_triton, poisoned):
+    query_len = min(query_len, ctx)
+    b = paged_batch([query_len], [ctx], num_heads=32, num_kv_heads=8, head_dim=128,
+                    block_size=16, dtype=torch.bfloat16, device="cuda", layout=layout)
+    check_kernel(b, scale=128**-0.5)
+
+
+@cuda
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+@pytest.mark.parametrize("qlens,ctxs", [([4096], [4096]), ([300, 512], [32768, 9000])])
+def test_cuda_long_prefill(qlens, ctxs, layout, gpu_triton, poisoned):
+    b = paged_batch(qlens, ctxs, num_heads=16, num_kv_heads=4, head_dim=128, block_size=16,
+                    dtype=torch.bfloat16, device="cuda", layout=layout)
+    check_kernel(b, scale=128**-0.5)
+
+
+@cuda
+@pytest.mark.parametrize("num_splits", [1, 3, 64])
+def test_cuda_decode_forced_splits(num_splits, gpu_triton, poisoned):
+    from hotpath.ops.attention import triton_decode
+
+    b = paged_batch([1, 3, 1], [100, 5000, 17], num_heads=32, num_kv_heads=8, head_dim=128,
+                    block_size=16, dtype=torch.bfloat16, device="cuda")
+    check_kernel(b, kernel=triton_decode, num_splits=num_splits)
+
+
+@cuda
+def test_cuda_decode_in_cuda_graph(gpu_triton):
+    """The decode path launches without host synchronisation, so it can be captured and replayed."""
+    b = paged_batch([1, 1], [300, 5000], num_heads=32, num_kv_heads=8, head_dim=128,
+                    block_size=16, dtype=torch.bfloat16, device="cuda")
+    args = b.args(0.1)
+    eager = attention.paged_attention(*args)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        attention.paged_attention(*args)  # warm-up on the capture stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attention.paged_attention(*args)
+    b.q.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(captured, attention.paged_attention(*args)) == 0.0
+    assert not torch.equal(captured, eager)

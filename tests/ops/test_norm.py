@@ -1,0 +1,54 @@
+"""RMSNorm kernels (plain and fused with the residual add) against the reference."""
+
+import pytest
+import torch
+
+from hotpath.ops import norm
+from hotpath.ops.norm import reference
+from ops_cases import TOL, cuda, rel_err
+
+
+def check(num_tokens, hidden, dtype, device, weight_dtype=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
+    residual = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device, weight_dtype or dtype)
+    # the reference in fp32 on the same (rounded) inputs, except for the rounding points it
+    # shares with the kernel: compare against the reference in the kernel's own dtype too
+    out = norm.rms_norm(x, weight, 1e-6)
+    want = reference.rms_norm(x, weight, 1e-6)
+    assert out.dtype == want.dtype and out.shape == want.shape
+    assert rel_err(out, want) < TOL[dtype]
+    normed, summed = norm.fused_add_rms_norm(x, residual, weight, 1e-6)
+    want_normed, want_summed = reference.fused_add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(summed, want_summed)
+    assert normed.dtype == want_normed.dtype
+    assert rel_err(normed, want_normed) < TOL[dtype]
+    # the kernel rounds where the reference does: nearly every element agrees to the bit
+    if num_tokens * hidden >= 1000:
+        assert (normed == want_normed).float().mean() > 0.98
+
+
+@pytest.mark.parametrize("num_tokens,hidden", [(1, 16), (7, 96), (3, 1000)])
+def test_interpreter(num_tokens, hidden, interpreter, poisoned):
+    check(num_tokens, hidden, torch.float32, "cpu")
+
+
+def test_interpreter_head_rows(interpreter, poisoned):
+    """QK-norm shape: [tokens, heads, head_dim] from a strided split of the qkv projection."""
+    qkv = torch.randn(5, 3 * 4 * 16)
+    q = qkv[:, : 4 * 16].reshape(5, 4, 16)
+    weight = torch.randn(16)
+    assert rel_err(norm.rms_norm(q, weight, 1e-6), reference.rms_norm(q, weight, 1e-6)) < 1e-6
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_tokens,hidden", [(1, 4096), (37, 5120), (2048, 4096), (5, 128)])
+def test_cuda(num_tokens, hidden, dtype, gpu_triton, poisoned):
+    check(num_tokens, hidden, dtype, "cuda")
+
+
+@cuda
+def test_cuda_fp32_weight(gpu_triton, poisoned):
+    check(9, 1024, torch.bfloat16, "cuda", weight_dtype=torch.float32)

@@ -1,0 +1,89 @@
+"""RoPE and the fused QK-norm + RoPE + KV-cache write against the references."""
+
+import pytest
+import torch
+
+from hotpath.ops import rotary
+from hotpath.ops.rotary import reference
+from ops_cases import TOL, cuda, empty_cache, rel_err
+
+
+def cos_sin(max_positions, rotary_dim, device):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+
+
+def check_rope(num_tokens, num_heads, head_dim, rotary_dim, dtype, device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(num_tokens, num_heads, head_dim, generator=g).to(device, dtype)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=g).to(device)
+    table = cos_sin(4096, rotary_dim, device)
+    out = rotary.apply_rotary(x, positions, table)
+    assert rel_err(out, reference.apply_rotary(x, positions, table)) < TOL[dtype] / 4
+
+
+def check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim, qk_norm, dtype, device,
+                layout="nhd", block_size=16):
+    g = torch.Generator().manual_seed(1)
+    # q, k, v as the model has them: strided views into one qkv projection output
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size, generator=g).to(device, dtype)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(num_tokens, num_heads, head_dim)
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)
+    v = v.reshape(num_tokens, num_kv_heads, head_dim)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=g).to(device)
+    table = cos_sin(4096, rotary_dim, device)
+    num_blocks = num_tokens // block_size + 2
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
+    slots[num_tokens // 2] = -1  # a padding token: no slot
+    slots = slots.to(device)
+    weights = (None, None)
+    if qk_norm:
+        weights = tuple((1 + 0.1 * torch.randn(head_dim, generator=g)).to(device, dtype)
+                        for _ in range(2))
+    caches = [empty_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, device, layout)
+              for _ in range(4)]
+    got = rotary.qk_norm_rope_and_cache(q, k, v, positions, table, caches[0], caches[1], slots,
+                                        *weights, 1e-6)
+    want = reference.qk_norm_rope_and_cache(q, k, v, positions, table, caches[2], caches[3],
+                                            slots, *weights, 1e-6)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert rel_err(got, want) < TOL[dtype] / 4
+    for got_cache, want_cache in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(got_cache.isnan(), want_cache.isnan())  # the same slots written
+        written = ~want_cache.isnan()
+        assert rel_err(got_cache[written], want_cache[written]) < TOL[dtype] / 4
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(32, 32), (40, 24)])
+def test_interpreter_rope(head_dim, rotary_dim, interpreter, poisoned):
+    check_rope(6, 3, head_dim, rotary_dim, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("head_dim,rotary_dim,layout", [(32, 32, "nhd"), (40, 24, "hnd")])
+def test_interpreter_fused(qk_norm, head_dim, rotary_dim, layout, interpreter, poisoned):
+    check_fused(7, 4, 2, head_dim, rotary_dim, qk_norm, torch.float32, "cpu", layout, block_size=4)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cuda_rope(head_dim, dtype, gpu_triton, poisoned):
+    check_rope(300, 32, head_dim, head_dim, dtype, "cuda")
+    check_rope(5, 8, head_dim, head_dim // 4, dtype, "cuda")  # partial rotary
+
+
+@cuda
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(32, 8, 128), (16, 16, 64),
+                                                              (64, 4, 256), (40, 8, 128)])
+def test_cuda_fused(num_heads, num_kv_heads, head_dim, dtype, qk_norm, layout, gpu_triton,
+                    poisoned):
+    for num_tokens in (1, 333):
+        check_fused(num_tokens, num_heads, num_kv_heads, head_dim, head_dim, qk_norm, dtype,
+                    "cuda", layout)
