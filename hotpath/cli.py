@@ -117,6 +117,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
 def cmd_bench_serve(ns: argparse.Namespace) -> int:
     import datetime
+    import shlex
     from pathlib import Path
 
     from hotpath.bench.datasets import load_requests
@@ -148,7 +149,7 @@ def cmd_bench_serve(ns: argparse.Namespace) -> int:
     if output_json:
         meta = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "hotpath " + " ".join(sys.argv[1:]), "label": label, "base_url": ns.base_url,
+            "command": shlex.join(["hotpath", *sys.argv[1:]]), "label": label, "base_url": ns.base_url,
             "model": model, "dataset": ns.dataset, "num_prompts": ns.num_prompts,
             "input_len": ns.input_len if ns.dataset == "random" else None, "output_len": ns.output_len,
             "ignore_eos": ns.ignore_eos,
