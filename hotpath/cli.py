@@ -134,8 +134,12 @@ def cmd_bench_serve(ns: argparse.Namespace) -> int:
                              input_len=ns.input_len, token_range=tuple(ns.token_range))
     summaries = []
     for level in levels:
-        summary = run_benchmark(ns.base_url, requests, model, level, ns.request_rate, ns.api_key,
-                                ns.ignore_eos, ns.seed, ns.num_warmup, progress=not ns.no_progress)
+        try:
+            summary = run_benchmark(ns.base_url, requests, model, level, ns.request_rate, ns.api_key,
+                                    ns.ignore_eos, ns.seed, ns.num_warmup, progress=not ns.no_progress)
+        except RuntimeError as e:  # the server refused the warm-up: nothing to measure
+            print(f"hotpath bench: {e}", file=sys.stderr)
+            return 1
         summaries.append(summary)
         if summary["failed"]:
             print(f"hotpath bench: {summary['failed']} request(s) failed: {summary['errors']}",
