@@ -18,11 +18,8 @@ def write_kv_cache(
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # [num_tokens] int64, flat slot of each new token; < 0: skip it
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, flat slot of each new token (>= 0)
 ) -> None:
-    if slot_mapping.numel() and int(slot_mapping.min()) < 0:  # padding tokens own no slot
-        keep = slot_mapping >= 0
-        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     block_size = k_cache.shape[1]
     blocks, rows = slot_mapping // block_size, slot_mapping % block_size
     k_cache[blocks, rows] = k.to(k_cache.dtype)

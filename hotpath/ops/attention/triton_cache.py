@@ -55,7 +55,7 @@ def _write_kv_kernel(
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot < 0:  # a padding token (e.g. in a CUDA-graph batch) owns no slot
+    if slot < 0:  # no slot (the reference requires slots >= 0): never write out of bounds
         return
     h = tl.arange(0, HEADS_PAD)
     d = tl.arange(0, HEAD_DIM_PAD)
@@ -73,7 +73,7 @@ def write_kv_cache(
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] (any strides, head_dim contiguous)
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # [num_tokens] int64; negative slots are skipped
+    slot_mapping: torch.Tensor,  # [num_tokens] int64 (a negative slot is skipped)
 ) -> None:
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:

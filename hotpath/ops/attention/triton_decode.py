@@ -7,6 +7,11 @@ once for the whole group and the dot products have enough rows for tensor cores.
 context lets batch-1 long-context decode use every SM; each split writes its normalised partial
 output and log-sum-exp, and a second kernel merges the splits. With a single split the first kernel
 writes the output directly.
+
+The number of splits is fixed on the host (from the batch size and max_context_len, so a CUDA graph
+captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
+context over them on the device: a short context in a graph sized for a long one still uses all
+its splits rather than leaving the work to the first.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from hotpath.ops.attention.triton_common import (
     next_power_of_2,
 )
 
-# Split the context until there are about this many programs per SM (subject to MIN_SPLIT_TOKENS).
-PROGRAMS_PER_SM = 2
-# A split shorter than this costs more in the merge than it saves.
-MIN_SPLIT_TOKENS = 256
-MAX_SPLITS = 256
+# Measured on an H200 (hotpath.ops.bench_kernels, batch 1, Qwen3-8B heads): about four programs
+# per SM is best once the batch alone does not fill the GPU; splits shorter than 64 tokens stop
+# paying for their merge; once the batch gives every SM a program, splitting only costs.
+PROGRAMS_PER_SM = 4
+MIN_SPLIT_TOKENS = 64
+MAX_SPLITS = 128
 
 _num_sms: dict[int, int] = {}
 
@@ -52,7 +58,6 @@ def _decode_split_kernel(
     part_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32
     part_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32, log2 units
     scale_log2,
-    split_len,
     num_heads,
     num_splits,
     stride_qt,
@@ -100,6 +105,7 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
     start = split * split_len
     end = tl.minimum(start + split_len, ctx)
     for n0 in range(start, end, BLOCK_N):
@@ -174,15 +180,23 @@ def _decode_merge_kernel(
 
 
 def choose_num_splits(
-    num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device, block_n: int
-) -> tuple[int, int]:
-    """Returns (num_splits, split_len): enough splits to give every SM a few programs, none
-    shorter than MIN_SPLIT_TOKENS; split_len is a multiple of block_n."""
+    num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device
+) -> int:
+    """Enough splits to give every SM about PROGRAMS_PER_SM programs, none (at the longest
+    context) shorter than MIN_SPLIT_TOKENS; one split once the batch alone fills the SMs."""
     programs = num_seqs * num_kv_heads
-    wanted = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), programs)
-    num_splits = max(1, min(wanted, triton.cdiv(max_context_len, MIN_SPLIT_TOKENS), MAX_SPLITS))
-    split_len = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), block_n) * block_n
-    return triton.cdiv(max(max_context_len, 1), split_len), split_len
+    num_sms = _sm_count(device)
+    if programs >= num_sms:
+        return 1
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    return max(1, min(wanted, triton.cdiv(max_context_len, MIN_SPLIT_TOKENS), MAX_SPLITS))
+
+
+def choose_block_n(head_dim_pad: int, elem_size: int, tokens_per_split: int) -> int:
+    """Key tile: 128 keys of up to 256 bytes (fewer keys for wider rows, for shared memory) when
+    splits are long enough to fill two of them, half that for short splits."""
+    full = 128 * 256 // max(256, head_dim_pad * elem_size)
+    return full if tokens_per_split >= 2 * full else full // 2
 
 
 def paged_attention(
@@ -209,15 +223,13 @@ def paged_attention(
     assert num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
     head_dim_pad = max(16, next_power_of_2(head_dim))
-    if block_n is None:
-        block_n = 64 if head_dim_pad <= 128 else 32
     block_m = max(16, next_power_of_2(max_query_len * group))
     if num_splits is None:
-        num_splits, split_len = choose_num_splits(
-            num_seqs, num_kv_heads, max_context_len, q.device, block_n
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
+    if block_n is None:
+        block_n = choose_block_n(
+            head_dim_pad, q.element_size(), triton.cdiv(max_context_len, num_splits)
         )
-    else:
-        split_len = triton.cdiv(triton.cdiv(max(max_context_len, 1), num_splits), block_n) * block_n
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return out
@@ -234,7 +246,7 @@ def paged_attention(
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
         out, part_out, part_lse,
-        scale * LOG2E, split_len, num_heads, num_splits,
+        scale * LOG2E, num_heads, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -103,13 +103,14 @@ def _prefill_kernel(
 
 
 def default_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by padded head_dim."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by padded head_dim: the fastest of a sweep over
+    an 8k-token bf16 prefill on an H200 (hotpath.ops.bench_kernels)."""
     if dtype == torch.float32:
         return 32, 32, 4, 2
     if head_dim_pad <= 64:
-        return 128, 64, 4, 3
-    if head_dim_pad <= 128:
         return 128, 64, 8, 3
+    if head_dim_pad <= 128:
+        return 128, 128, 8, 3
     return 64, 32, 4, 2
 
 

@@ -153,7 +153,7 @@ def _qk_norm_rope_cache_kernel(
         REST_PAD,
     )
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot >= 0:  # a padding token (e.g. in a CUDA-graph batch) owns no slot
+    if slot >= 0:  # no slot (the reference requires slots >= 0): never write out of bounds
         block = slot // BLOCK_SIZE
         row = slot % BLOCK_SIZE
         _norm_rope_heads(
@@ -203,7 +203,7 @@ def qk_norm_rope_and_cache(
     cos_sin_cache: torch.Tensor,  # [max_positions, rotary_dim] fp32
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] (any strides, head_dim contiguous)
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # [num_tokens] int64; negative slots are not written
+    slot_mapping: torch.Tensor,  # [num_tokens] int64 (a negative slot is skipped)
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
