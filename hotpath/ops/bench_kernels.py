@@ -5,7 +5,9 @@
 Measures the device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate,
 then times (medians of triton.testing.do_bench, L2 flushed between runs):
 - decode attention at batch 1 (Qwen3-8B: 32 q heads, 8 kv heads, head_dim 128) over 1k/8k/32k
-  context and at batch 64 x 1k, in achieved GB/s of K/V read, for two KV cache memory orders
+  context and at batch 64 x 1k, in achieved GB/s of K/V read (calls captured back to back in a
+  CUDA graph, as the decode loop runs them, on distinct caches that together exceed L2), for two
+  KV cache memory orders
   ("nhd" = [blocks, block_size, kv_heads, head_dim], "hnd" = [blocks, kv_heads, block_size,
   head_dim]), sweeping the number of context splits and the kernel's tile configuration;
 - prefill attention over 8k (and 32k) fresh tokens in TFLOP/s, sweeping tile configurations,
@@ -29,9 +31,10 @@ KV_LAYOUTS = ("nhd", "hnd")
 
 
 class Bench:
-    def __init__(self, device: str, tiny: bool) -> None:
+    def __init__(self, device: str, tiny: bool, sweep: bool = True) -> None:
         self.device = device
         self.tiny = tiny
+        self.sweep = sweep  # prefill: try every tile configuration, not just the default
         self.results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
         self.rows: list[str] = []
 
@@ -44,6 +47,41 @@ class Bench:
         import triton.testing
 
         return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
+
+    def graph_us(self, calls: list[Callable[[], object]], replays: int = 20) -> float:
+        """Microseconds per call, the calls captured back to back in one CUDA graph (as the decode
+        loop runs them: no host launch overhead). Give calls on distinct inputs that together
+        exceed L2, so that every replay reads from HBM."""
+        if self.device != "cuda":
+            return self.time_ms(lambda: [c() for c in calls]) * 1e3 / len(calls)
+        for c in calls:  # compile, and warm the allocator
+            c()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for c in calls:
+                c()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        graph.replay()
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        del graph
+        return sorted(times)[len(times) // 2] * 1e3 / len(calls)
+
+    def copies(self, nbytes: int) -> int:
+        """How many distinct inputs of nbytes make about 200 MB (over 3x the H200's 60 MB L2)."""
+        return 2 if self.tiny else max(2, min(64, -(-200 * 2**20 // nbytes)))
 
     def section(self, name: str, fn: Callable[[], None]) -> None:
         print(f"== {name}", flush=True)
@@ -108,65 +146,85 @@ class Bench:
         contexts = [64, 256] if self.tiny else [1024, 8192, 32768]
         cases = [(1, c) for c in contexts] + [(4 if self.tiny else 64, contexts[0])]
         out = self.results.setdefault("decode", {})
+
+        def batches(batch, ctx, layout):
+            kv_bytes = 2 * batch * ctx * kv_heads * head_dim * 2
+            n = self.copies(kv_bytes)
+            return kv_bytes, [self.paged([1] * batch, [ctx] * batch, heads, kv_heads, head_dim,
+                                         layout) for _ in range(n)]
+
+        def calls(inputs, **kw):
+            return [lambda a=a: triton_decode.paged_attention(*a, **kw) for a in inputs]
+
         for layout in KV_LAYOUTS:
             for batch, ctx in cases:
-                args = self.paged([1] * batch, [ctx] * batch, heads, kv_heads, head_dim, layout)
-                kv_bytes = 2 * batch * ctx * kv_heads * head_dim * 2
-                default_splits, _ = triton_decode.choose_num_splits(
-                    batch, kv_heads, ctx, args[0].device, 64
+                kv_bytes, inputs = batches(batch, ctx, layout)
+                default_splits = triton_decode.choose_num_splits(
+                    batch, kv_heads, ctx, inputs[0][0].device
                 )
-                ms = self.time_ms(lambda: triton_decode.paged_attention(*args))
+                us = self.graph_us(calls(inputs))
                 sweep = {}
                 for splits in (1, 2, 4, 8, 16, 32, 64, 128):
                     if splits * 64 > ctx:
                         break
-                    sweep[splits] = self.time_ms(
-                        lambda: triton_decode.paged_attention(*args, num_splits=splits)
-                    )
+                    sweep[splits] = self.graph_us(calls(inputs, num_splits=splits))
                 best = min(sweep, key=sweep.get)
                 key = f"{layout} b{batch} ctx{ctx}"
                 out[key] = {
-                    "ms": ms, "GBps": kv_bytes / ms / 1e6, "splits": default_splits,
-                    "sweep_ms": sweep, "best_splits": best,
-                    "best_GBps": kv_bytes / sweep[best] / 1e6,
+                    "us": us, "GBps": kv_bytes / us / 1e3, "splits": default_splits,
+                    "sweep_us": sweep, "best_splits": best,
+                    "best_GBps": kv_bytes / sweep[best] / 1e3,
                 }
-                self.row(f"decode {key}: {ms * 1e3:.1f} us {kv_bytes / ms / 1e6:.0f} GB/s "
+                self.row(f"decode {key}: {us:.1f} us {kv_bytes / us / 1e3:.0f} GB/s "
                          f"({default_splits} splits); best {best} splits "
-                         f"{kv_bytes / sweep[best] / 1e6:.0f} GB/s")
-        # tile configurations at the longest context, both layouts
-        ctx = contexts[-1]
-        cfgs = {}
+                         f"{kv_bytes / sweep[best] / 1e3:.0f} GB/s; sweep "
+                         + " ".join(f"{k}:{v:.1f}" for k, v in sweep.items()))
+                del inputs
+        # as in a CUDA graph captured for 32k: max_context_len 32768, the context 1k
         for layout in KV_LAYOUTS:
-            args = self.paged([1], [ctx], heads, kv_heads, head_dim, layout)
-            kv_bytes = 2 * ctx * kv_heads * head_dim * 2
-            for block_n in (32, 64, 128):
-                for stages in (2, 3, 4):
-                    for warps in (4, 8):
-                        if self.tiny and (stages > 2 or warps > 4):
-                            continue
-                        name = f"{layout} n{block_n} s{stages} w{warps}"
-                        try:
-                            ms = self.time_ms(lambda: triton_decode.paged_attention(
-                                *args, block_n=block_n, num_stages=stages, num_warps=warps))
-                        except Exception as e:  # e.g. out of shared memory
-                            self.row(f"decode config {name} failed: {str(e)[:120]}")
-                            continue
-                        cfgs[name] = kv_bytes / ms / 1e6
-        out[f"configs ctx{ctx} GBps"] = cfgs
-        top = sorted(cfgs.items(), key=lambda kv: -kv[1])[:6]
-        self.row("decode tile configs, best: " + ", ".join(f"{k} {v:.0f}" for k, v in top))
+            kv_bytes, inputs = batches(1, contexts[0], layout)
+            inputs = [a[:-1] + (4 * contexts[-1],) for a in inputs]
+            us = self.graph_us(calls(inputs))
+            out[f"{layout} b1 ctx{contexts[0]} max_context_len {4 * contexts[-1]}"] = {
+                "us": us, "GBps": kv_bytes / us / 1e3}
+            self.row(f"decode {layout} b1 ctx{contexts[0]}, max_context_len {4 * contexts[-1]}: "
+                     f"{us:.1f} us {kv_bytes / us / 1e3:.0f} GB/s")
+        # tile configurations at the two longer contexts, both layouts
+        for ctx in contexts[1:]:
+            cfgs = {}
+            for layout in KV_LAYOUTS:
+                kv_bytes, inputs = batches(1, ctx, layout)
+                for block_n in (64, 128):
+                    for stages in (2, 3):
+                        for warps in (4,):
+                            if self.tiny and stages > 2:
+                                continue
+                            name = f"{layout} n{block_n} s{stages} w{warps}"
+                            try:
+                                us = self.graph_us(calls(inputs, block_n=block_n,
+                                                         num_stages=stages, num_warps=warps))
+                            except Exception as e:  # e.g. out of shared memory
+                                self.row(f"decode config {name} failed: {str(e)[:120]}")
+                                continue
+                            cfgs[name] = kv_bytes / us / 1e3
+                del inputs
+            out[f"configs ctx{ctx} GBps"] = cfgs
+            top = sorted(cfgs.items(), key=lambda kv: -kv[1])
+            self.row(f"decode tile configs ctx{ctx} GB/s: " + ", ".join(f"{k} {v:.0f}" for k, v in top))
         # flash attention on contiguous K/V, for orientation (no paging, no split choice of ours)
         if self.device == "cuda":
             import torch.nn.functional as F
 
             for ctx in contexts:
-                q = torch.randn(1, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16)
-                k = torch.randn(1, kv_heads, ctx, head_dim, device="cuda", dtype=torch.bfloat16)
-                v = torch.randn_like(k)
-                ms = self.time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-                gbps = 2 * ctx * kv_heads * head_dim * 2 / ms / 1e6
-                out[f"sdpa contiguous b1 ctx{ctx}"] = {"ms": ms, "GBps": gbps}
-                self.row(f"torch sdpa contiguous b1 ctx{ctx}: {ms * 1e3:.1f} us {gbps:.0f} GB/s")
+                kv_bytes = 2 * ctx * kv_heads * head_dim * 2
+                qkv = [(torch.randn(1, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(1, kv_heads, ctx, head_dim, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(1, kv_heads, ctx, head_dim, device="cuda", dtype=torch.bfloat16))
+                       for _ in range(self.copies(kv_bytes))]
+                us = self.graph_us([lambda t=t: F.scaled_dot_product_attention(*t, enable_gqa=True)
+                                    for t in qkv])
+                out[f"sdpa contiguous b1 ctx{ctx}"] = {"us": us, "GBps": kv_bytes / us / 1e3}
+                self.row(f"torch sdpa contiguous b1 ctx{ctx}: {us:.1f} us {kv_bytes / us / 1e3:.0f} GB/s")
 
     # ---- prefill ----------------------------------------------------------------------------
     def prefill(self) -> None:
@@ -184,6 +242,8 @@ class Bench:
                    (128, 32, 4, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 128, 4, 3)]
         if self.tiny:
             configs = [None, (32, 32, 4, 2)]
+        elif not self.sweep:
+            configs = [None]
         for layout in KV_LAYOUTS:
             args = self.paged([tokens], [tokens], heads, kv_heads, 128, layout)
             f = flops([tokens], [tokens], 128, heads)
@@ -196,7 +256,7 @@ class Bench:
         for head_dim, cfgs in other_configs.items():
             args = self.paged([tokens], [tokens], heads, kv_heads, head_dim, "nhd")
             f = flops([tokens], [tokens], head_dim, heads)
-            for cfg in cfgs[:2] if self.tiny else cfgs:
+            for cfg in cfgs[:2] if self.tiny or not self.sweep else cfgs:
                 self.time_prefill(out, f"nhd {tokens} hd{head_dim}", args, f, cfg)
         # a chunk after a cached prefix, and a 32k prompt
         for qlen, ctx in ((tokens // 4, 4 * tokens), (4 * tokens, 4 * tokens)):
@@ -248,9 +308,11 @@ class Bench:
 
         def report(name, nbytes, kernel, ref):
             k_ms, r_ms = self.time_ms(kernel), self.time_ms(ref)
-            out[name] = {"us": k_ms * 1e3, "GBps": nbytes / k_ms / 1e6, "torch_us": r_ms * 1e3}
-            self.row(f"{name}: {k_ms * 1e3:.1f} us {nbytes / k_ms / 1e6:.0f} GB/s "
-                     f"(torch reference {r_ms * 1e3:.1f} us)")
+            graph_us = self.graph_us([kernel] * 10)  # launch overhead gone, as in a CUDA graph
+            out[name] = {"us": k_ms * 1e3, "GBps": nbytes / k_ms / 1e6, "torch_us": r_ms * 1e3,
+                         "graph_us": graph_us}
+            self.row(f"{name}: {k_ms * 1e3:.1f} us {nbytes / k_ms / 1e6:.0f} GB/s, in a graph "
+                     f"{graph_us:.1f} us (torch reference {r_ms * 1e3:.1f} us)")
 
         for tokens in (1, 64 if self.tiny else 8192):
             x = torch.randn(tokens, hidden, device=dev, dtype=bf16)
@@ -299,9 +361,11 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--tiny", action="store_true", help="toy sizes, to check the script")
     parser.add_argument("--sections", default="ceilings,decode,prefill,small")
+    parser.add_argument("--no-prefill-sweep", action="store_true",
+                        help="time the default prefill tiles only")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    bench = Bench(device, args.tiny)
+    bench = Bench(device, args.tiny, sweep=not args.no_prefill_sweep)
     torch.manual_seed(0)
     bench.run(args.sections.split(","))
     print("\n".join(["", "summary:"] + bench.rows))

@@ -35,15 +35,6 @@ def test_reference_matches_dense_attention():
         assert rel_err(out[start:end], want) < 1e-6
 
 
-def test_reference_write_skips_negative_slots():
-    k_cache = torch.zeros(2, 4, 1, 2)
-    v_cache = torch.zeros(2, 4, 1, 2)
-    k = torch.ones(3, 1, 2)
-    reference.write_kv_cache(k, 2 * k, k_cache, v_cache, torch.tensor([5, -1, 0]))
-    assert k_cache.view(8, 2)[[0, 5]].eq(1).all() and k_cache.view(8, 2).sum() == 4
-    assert v_cache.view(8, 2)[[0, 5]].eq(2).all()
-
-
 def check_kernel(batch, scale=0.3, **kernel_kwargs):
     """The op through the dispatch (or one kernel, with kwargs) against the fp32 reference."""
     want = reference.paged_attention(*batch.fp32_args(scale))
@@ -87,6 +78,15 @@ def test_interpreter_decode_splits(num_splits, interpreter, poisoned):
     check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16)
 
 
+def test_interpreter_decode_graph_sized(interpreter, poisoned):
+    """A CUDA graph is captured with max_context_len = max_model_len: the splits sized for that
+    must still cover (and spread) each sequence's shorter context."""
+    b = paged_batch([1, 1, 2], [5, 33, 90], num_heads=4, num_kv_heads=2, head_dim=16,
+                    block_size=4, dtype=torch.float32, device="cpu")
+    b.max_context_len = 4096
+    check_kernel(b)
+
+
 def test_interpreter_prefill_small_tiles(interpreter, poisoned):
     from hotpath.ops.attention import triton_prefill
 
@@ -97,13 +97,16 @@ def test_interpreter_prefill_small_tiles(interpreter, poisoned):
 
 
 def test_interpreter_write_kv_cache(interpreter):
+    """Also: the kernel skips a negative slot (the reference needs slots >= 0), rather than
+    writing out of bounds."""
     k = torch.randn(5, 2, 24)
     v = torch.randn(5, 2, 24)
     slots = torch.tensor([7, 0, -1, 12, 3])
+    keep = slots >= 0
     for layout in ("nhd", "hnd"):
         caches = [empty_cache(4, 4, 2, 24, torch.float32, "cpu", layout) for _ in range(4)]
         attention.write_kv_cache(k, v, caches[0], caches[1], slots)
-        reference.write_kv_cache(k, v, caches[2], caches[3], slots)
+        reference.write_kv_cache(k[keep], v[keep], caches[2], caches[3], slots[keep])
         for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
             assert torch.equal(got.isnan(), want.isnan())
             assert torch.equal(got.nan_to_num(), want.nan_to_num())
@@ -167,6 +170,8 @@ def test_cuda_decode_in_cuda_graph(gpu_triton):
     """The decode path launches without host synchronisation, so it can be captured and replayed."""
     b = paged_batch([1, 1], [300, 5000], num_heads=32, num_kv_heads=8, head_dim=128,
                     block_size=16, dtype=torch.bfloat16, device="cuda")
+    b.max_context_len = 32768  # as the runner captures: sized for max_model_len
+    check_kernel(b, scale=0.1)
     args = b.args(0.1)
     eager = attention.paged_attention(*args)
     torch.cuda.synchronize()

@@ -36,9 +36,7 @@ def check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim, qk_no
     positions = torch.randint(0, 4096, (num_tokens,), generator=g).to(device)
     table = cos_sin(4096, rotary_dim, device)
     num_blocks = num_tokens // block_size + 2
-    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
-    slots[num_tokens // 2] = -1  # a padding token: no slot
-    slots = slots.to(device)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens].to(device)
     weights = (None, None)
     if qk_norm:
         weights = tuple((1 + 0.1 * torch.randn(head_dim, generator=g)).to(device, dtype)
