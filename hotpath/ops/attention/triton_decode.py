@@ -27,12 +27,15 @@ from hotpath.ops.attention.triton_common import (
     next_power_of_2,
 )
 
-# Measured on an H200 (hotpath.ops.bench_kernels, batch 1, Qwen3-8B heads): about four programs
-# per SM is best once the batch alone does not fill the GPU; splits shorter than 64 tokens stop
-# paying for their merge; once the batch gives every SM a program, splitting only costs.
+# Measured on an H200 (hotpath.ops.bench_kernels: batch 1 and 64, Qwen3-8B heads, bf16): decode
+# is bound by how many bytes each SM keeps in flight: 16 KB key tiles (64 keys of head_dim 128; with
+# two pipeline stages three programs' K/V tiles fit in an SM's shared memory) beat 32 KB ones, and
+# splitting the context until there are about four programs per SM beats two. Splits shorter than 64 tokens stop paying for their merge; once the batch
+# alone gives every SM a program, splitting only costs.
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 128
+TILE_BYTES = 64 * 128 * 2
 
 _num_sms: dict[int, int] = {}
 
@@ -193,10 +196,9 @@ def choose_num_splits(
 
 
 def choose_block_n(head_dim_pad: int, elem_size: int, tokens_per_split: int) -> int:
-    """Key tile: 128 keys of up to 256 bytes (fewer keys for wider rows, for shared memory) when
-    splits are long enough to fill two of them, half that for short splits."""
-    full = 128 * 256 // max(256, head_dim_pad * elem_size)
-    return full if tokens_per_split >= 2 * full else full // 2
+    """Keys per tile: TILE_BYTES of keys, fewer when the splits are shorter."""
+    block_n = max(16, TILE_BYTES // (head_dim_pad * elem_size))
+    return max(16, min(block_n, next_power_of_2(tokens_per_split)))
 
 
 def paged_attention(
