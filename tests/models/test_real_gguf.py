@@ -1,0 +1,63 @@
+"""The real models from GGUF give HF transformers' greedy output (HF loading the same GGUF), CPU fp32."""
+
+import pytest
+import torch
+
+from hotpath import LLM, SamplingParams
+
+pytestmark = pytest.mark.real_models
+
+NUM_TOKENS = 32
+# Real models in fp32: our kernels and HF's differ by ~1e-5 relative in the logits, so a genuine
+# near tie is a top-two gap below 1e-3.
+TIE = 1e-3
+PROMPTS = [
+    "Write a Python function that reverses a string.",
+    "def fibonacci(n):",
+    "The capital of France is",
+]
+
+
+@pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b", "smollm2-135m"])
+def models(request):
+    from transformers import AutoModelForCausalLM
+
+    from hotpath.assets import fetch_model
+
+    gguf = fetch_model(request.param)
+    llm = LLM(request.param, device="cpu", dtype="float32", max_model_len=512)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    return llm, hf
+
+
+@torch.no_grad()
+def hf_greedy(hf, prompt: list[int], num_tokens: int) -> list[int]:
+    """HF generate(), greedy, EOS ignored: the generation config's EOS is cleared, since
+    min_new_tokens would instead mask EOS out, which is not what ignore_eos means."""
+    hf.generation_config.eos_token_id = None
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def test_greedy_matches_hf_generate(models):
+    llm, hf = models
+    tok = llm.get_tokenizer()
+    chat = [llm.apply_chat_template([{"role": "user", "content": PROMPTS[0]}])]
+    prompts = chat + [tok.encode(p) for p in PROMPTS[1:]]
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        got = out.outputs[0].token_ids
+        ref = hf_greedy(hf, prompt, NUM_TOKENS)
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + got])).logits[0].float()
+        if got != ref:
+            # allowed only where HF's own top two logits are a near tie at the first difference
+            step = next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b)
+            top2 = torch.topk(logits[len(prompt) + step - 1], 2).values
+            assert float(top2[0] - top2[1]) < TIE, f"diverged at step {step}: {got} vs HF {ref}"
+        logprobs = torch.log_softmax(logits, -1)
+        for step, (token, entry) in enumerate(zip(got, out.outputs[0].logprobs)):
+            assert abs(entry[token].logprob - float(logprobs[len(prompt) + step - 1, token])) < 1e-3
+    text = outs[0].outputs[0].text
+    assert text.strip(), "the chat answer decodes to text"
