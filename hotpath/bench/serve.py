@@ -189,8 +189,13 @@ def served_model(base_url: str, api_key: str | None) -> str:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    resp = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30.0)
-    resp.raise_for_status()
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        resp = httpx.get(url, headers=headers, timeout=30.0)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach the server at {url}: {e}") from None
+    if resp.status_code != 200:
+        raise ValueError(f"{url} answered HTTP {resp.status_code}: {resp.text[:300]}")
     return resp.json()["data"][0]["id"]
 
 

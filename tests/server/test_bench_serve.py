@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import API_KEY
+from server_utils import API_KEY
 from hotpath.bench.datasets import load_requests
 from hotpath.bench.serve import _percentiles
 from hotpath.cli import main

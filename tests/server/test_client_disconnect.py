@@ -4,7 +4,7 @@ import time
 
 import httpx
 
-from conftest import API_KEY
+from server_utils import API_KEY
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 LONG = {"model": "tiny", "prompt": "Hello", "max_tokens": 500, "temperature": 0, "ignore_eos": True}

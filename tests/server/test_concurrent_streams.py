@@ -4,7 +4,7 @@ import asyncio
 
 import openai
 
-from conftest import API_KEY
+from server_utils import API_KEY
 from hotpath import LLM, SamplingParams
 
 NUM_REQUESTS = 64

@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from conftest import start_server
+from server_utils import start_server
 
 REQUEST = {"prompt": "Hello", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
 

@@ -4,7 +4,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import API_KEY
+from server_utils import API_KEY
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

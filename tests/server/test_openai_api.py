@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import API_KEY
+from server_utils import API_KEY
 
 GREEDY = dict(temperature=0, max_tokens=24, extra_body={"ignore_eos": True})
 CONVERSATION = [

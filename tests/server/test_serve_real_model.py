@@ -3,7 +3,7 @@
 import openai
 import pytest
 
-from conftest import start_server
+from server_utils import start_server
 
 pytestmark = pytest.mark.real_models
 
