@@ -23,7 +23,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
 from tqdm import tqdm
 
 _CHUNK = 8 << 20
@@ -117,7 +116,11 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 def default_cache_dir() -> Path:
     """`$HOTPATH_CACHE` if set, else the per-user cache dir."""
     env = os.environ.get("HOTPATH_CACHE")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("hotpath"))
+    if env:
+        return Path(env)
+    import platformdirs  # imported here so GPU images without it can still run dummy benchmarks
+
+    return Path(platformdirs.user_cache_dir("hotpath"))
 
 
 def _sha256_file(path: Path) -> str:

@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench_command", required=True)
+    from hotpath.bench.latency import add_parser as add_latency_parser
+
+    add_latency_parser(bench)
     p = bench.add_parser("serve", help="load a running OpenAI-compatible server; report TTFT, TPOT, "
                                        "inter-token latency and throughput")
     p.add_argument("--base-url", default="http://127.0.0.1:8000",
