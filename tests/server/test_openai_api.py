@@ -206,3 +206,20 @@ def test_health_and_metrics_need_no_key(server):
                  "hotpath_e2e_request_latency_seconds_sum", "hotpath_request_success_total",
                  "hotpath_http_requests_total"):
         assert f"\n{name}" in resp.text, name
+
+
+def test_sampling_fields_reach_the_engine(client, tiny_chat_model):
+    """Every sampling field the server takes gives the offline API's output for the same params."""
+    from hotpath import LLM, SamplingParams
+
+    fields = dict(temperature=0.7, top_p=0.9, seed=3, presence_penalty=0.5, frequency_penalty=1.5)
+    extra = dict(top_k=5, min_p=0.05, repetition_penalty=1.2, ignore_eos=True)
+    out = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=16,
+                                    extra_body=extra, **fields)
+    llm = LLM(str(tiny_chat_model), device="cpu", dtype="float32")
+    offline = llm.generate("The quick brown fox", SamplingParams(max_tokens=16, **fields, **extra),
+                           use_tqdm=False)
+    assert out.choices[0].text == offline[0].outputs[0].text
+    plain = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=16,
+                                      seed=3, temperature=0.7, extra_body={"ignore_eos": True})
+    assert plain.choices[0].text != out.choices[0].text  # the penalties and filters changed something
