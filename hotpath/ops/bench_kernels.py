@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 import traceback
 from collections.abc import Callable
@@ -371,7 +370,7 @@ def main() -> None:
     print("\n".join(["", "summary:"] + bench.rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(bench.results, f, indent=1, default=lambda x: None if math.isnan(x) else x)
+            json.dump(bench.results, f, indent=1)
 
 
 if __name__ == "__main__":
