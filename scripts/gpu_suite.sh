@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # Everything the GPU fast path must show, from one call on the device machine (see
-# docs/benchmarks.md). Usage: bash scripts/gpu_suite.sh {tests|decode|prefill|all}; results in $OUT.
+# docs/benchmarks.md). Usage: bash scripts/gpu_suite.sh [tests] [decode] [prefill] (default all); results in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hotpath-gpu}
 mkdir -p "$OUT"
-what=${1:-all}
+what=" ${*:-all} "
 bench() { python3 -m hotpath.cli bench latency "$@"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/device.txt"
 
-if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ops 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
+if [[ $what == *" tests "* || $what == *" all "* ]]; then
+  python3 -m pytest -q -p no:cacheprovider -n 8 tests/gpu tests/ops 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
-if [[ $what == decode || $what == all ]]; then
+if [[ $what == *" decode "* || $what == *" all "* ]]; then
   bench --preset qwen3-8b --batch-size 1 --input-len 512 --output-len 256 --compare hf --json "$OUT/qwen3-8b_bs1.json"
   bench --preset qwen3-0.6b --batch-size 1 --input-len 512 --output-len 256 --json "$OUT/qwen3-0.6b_bs1.json"
   bench --preset qwen3-8b --batch-size 64 --input-len 1024 --output-len 64 --json "$OUT/qwen3-8b_bs64.json"
 fi
-if [[ $what == prefill || $what == all ]]; then
+if [[ $what == *" prefill "* || $what == *" all "* ]]; then
   bench --preset qwen3-8b --batch-size 1 --input-len 8192 --output-len 8 --json "$OUT/qwen3-8b_prefill8k.json"
   bench --preset qwen3-8b --batch-size 1 --input-len 32768 --output-len 8 --json "$OUT/qwen3-8b_prefill32k.json"
 fi
