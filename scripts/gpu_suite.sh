@@ -23,3 +23,7 @@ if [[ $what == *" prefill "* || $what == *" all "* ]]; then
   bench --preset qwen3-8b --batch-size 1 --input-len 8192 --output-len 8 --json "$OUT/qwen3-8b_prefill8k.json"
   bench --preset qwen3-8b --batch-size 1 --input-len 32768 --output-len 8 --json "$OUT/qwen3-8b_prefill32k.json"
 fi
+if [[ $what == *" profile "* ]]; then
+  python3 scripts/profile_decode.py --preset qwen3-0.6b --out "$OUT" | tail -30
+  python3 scripts/profile_decode.py --preset qwen3-8b --out "$OUT" | head -3
+fi
