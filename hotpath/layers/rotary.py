@@ -12,7 +12,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from hotpath.ops.rotary import apply_rotary
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -92,6 +91,8 @@ def rope_inv_freq(
 
 
 class RotaryEmbedding(nn.Module):
+    """Holds the cos/sin table; the attention layer applies it (fused with QK-norm and the KV write)."""
+
     def __init__(
         self, head_dim: int, rope: dict[str, Any], max_positions: int, max_position_embeddings: int
     ) -> None:
@@ -104,11 +105,3 @@ class RotaryEmbedding(nn.Module):
         # [max_positions, rotary_dim], kept in fp32 whatever the model dtype
         cache = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return (
-            apply_rotary(q, positions, self.cos_sin_cache),
-            apply_rotary(k, positions, self.cos_sin_cache),
-        )
