@@ -72,8 +72,12 @@ class LLM:
                 raise ValueError(
                     f"got {len(prompts)} prompts but {len(params_list)} sampling params"
                 )
-        for prompt in prompts:  # fail before queueing anything
-            self.engine._tokenize_prompt(prompt)
+        # tokenize and check every prompt before queueing any, so bad input leaves nothing behind
+        tokenized = []
+        for prompt in prompts:
+            text, token_ids = self.engine.tokenize_prompt(prompt)
+            tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
+        prompts = tokenized
         ids = []
         try:
             for prompt, params in zip(prompts, params_list):

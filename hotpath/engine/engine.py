@@ -134,7 +134,7 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        text, token_ids = self._tokenize_prompt(prompt)
+        text, token_ids = self.tokenize_prompt(prompt)
         max_len = self.config.max_model_len
         if len(token_ids) >= max_len:
             raise ValueError(
@@ -162,9 +162,11 @@ class Engine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def _tokenize_prompt(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
+    def tokenize_prompt(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
+        text = None
         if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
+            if "prompt_token_ids" in prompt:  # "prompt" may ride along as the text it came from
+                text = prompt.get("prompt")
                 prompt = list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
@@ -176,7 +178,7 @@ class Engine:
             token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             text = prompt
         else:
-            token_ids, text = list(prompt), None
+            token_ids = list(prompt)
             vocab = self.model_config.vocab_size
             bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
             if bad:
