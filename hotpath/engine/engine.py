@@ -232,7 +232,7 @@ class Engine:
         seq.output_token_ids.append(token.token_id)
         seq.cumulative_logprob += token.logprob
         if seq.params.logprobs is not None:
-            seq.output_logprobs.append((token.logprob, token.top_logprobs))
+            seq.output_logprobs.append(self._logprob_entry(token))
         params = seq.params
         if self.tokenizer is not None:
             old_len = len(seq.text)
@@ -279,7 +279,7 @@ class Engine:
                 text=text,
                 token_ids=list(seq.output_token_ids),
                 cumulative_logprob=seq.cumulative_logprob if seq.params.logprobs is not None else None,
-                logprobs=self._logprob_dicts(seq) if seq.params.logprobs is not None else None,
+                logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None else None,
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
             ))
@@ -298,14 +298,13 @@ class Engine:
             metrics=metrics,
         )
 
-    def _logprob_dicts(self, seq: Sequence) -> list[dict[int, Logprob]]:
-        result = []
-        for token_id, (lp, top) in zip(seq.output_token_ids, seq.output_logprobs):
-            entry = {tid: Logprob(v, rank + 1, self._decode_one(tid)) for rank, (tid, v) in enumerate(top)}
-            if token_id not in entry:
-                entry[token_id] = Logprob(lp, None, self._decode_one(token_id))
-            result.append(entry)
-        return result
+    def _logprob_entry(self, token: SampledToken) -> dict[int, Logprob]:
+        """The sampled token and the top-n, built once when the token is appended."""
+        entry = {tid: Logprob(lp, rank + 1, self._decode_one(tid))
+                 for rank, (tid, lp) in enumerate(token.top_logprobs)}
+        if token.token_id not in entry:
+            entry[token.token_id] = Logprob(token.logprob, None, self._decode_one(token.token_id))
+        return entry
 
     def _decode_one(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hotpath.outputs import Logprob
 from hotpath.sampling_params import SamplingParams
 
 
@@ -27,8 +28,8 @@ class Sequence:
     stop_token_ids: set[int]  # EOS (unless ignore_eos) + params.stop_token_ids
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
-    # per generated token: (sampled logprob, [(token_id, logprob), ...] top-n) when asked for
-    output_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    # per generated token, when asked for: {token_id: Logprob} for the sampled token and the top-n
+    output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
