@@ -1,0 +1,50 @@
+"""Linear projection: the reference (torch / cuBLAS) everywhere, except for the few-row inputs
+of decode on a GPU, which run the Triton GEMV kernel (see hotpath/ops/backend.py and
+triton_gemv.py)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hotpath.ops import backend
+from hotpath.ops.linear import reference
+
+# Where the GEMV kernel was measured faster than cuBLAS (H200, bf16, in CUDA graphs, torch 2.11;
+# hotpath.ops.linear.bench): with one row, on every Qwen3-0.6B / -8B projection and LM head (1% on
+# 8B's gate_up to 65% on 0.6B's o_proj); with 8 and 16 rows only on weights no taller than wide
+# and at most 32 MB (o_proj of both, down_proj of 0.6B: 5-15% less time). On the other shapes at 8
+# and 16 rows cuBLAS took up to 18% less time, or (the LM heads) within 3% of the kernel.
+GEMV_MAX_ROWS = 16
+MULTI_ROW_MAX_WEIGHT_ELEMENTS = 1 << 24
+_GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when linear(x, weight) runs the Triton GEMV kernel."""
+    rows = math.prod(x.shape[:-1])
+    N, K = weight.shape
+    return (
+        x.dtype in _GEMV_DTYPES
+        and weight.dtype == x.dtype
+        and weight.stride(-1) == 1
+        and 0 < rows <= GEMV_MAX_ROWS
+        and (rows == 1 or (N <= K and N * K <= MULTI_ROW_MAX_WEIGHT_ELEMENTS))
+        and backend.use_triton(x)
+    )
+
+
+def linear(
+    x: torch.Tensor,  # [..., in_features]
+    weight: torch.Tensor,  # [out_features, in_features]
+    bias: torch.Tensor | None = None,  # [out_features]
+) -> torch.Tensor:  # [..., out_features]
+    if use_gemv(x, weight):
+        from hotpath.ops.linear import triton_gemv
+
+        return triton_gemv.linear(x, weight, bias)
+    return reference.linear(x, weight, bias)
+
+
+__all__ = ["linear"]

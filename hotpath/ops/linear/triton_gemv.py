@@ -1,0 +1,242 @@
+"""Linear for a few rows (decode at batch 1..16): out = x @ weight^T (+ bias), x [M, K],
+weight [N, K].
+
+At small M a projection reads every weight element once and does 2 * M flops with it, so the kernel
+is a stream over the weight, and its speed is how many weight bytes each SM keeps in flight. The
+weight is spread over many programs:
+
+- a program owns BLOCK_N output features (rows of the weight) and one split of K, and walks that
+  split in [BLOCK_N, BLOCK_K] tiles read with wide loads along K, the weight's contiguous axis;
+- without tensor cores (USE_DOT off; the GEMV case, M = 1) each tile is multiplied by x
+  element-wise and summed along K into an fp32 [BLOCK_N] accumulator. Summing every tile (rather
+  than once at the end) keeps the accumulator out of the registers, so more programs fit on an SM
+  and more loads are in flight: Triton does not pipeline loads that feed no dot (none in its PTX),
+  so a program's bytes in flight are one tile. With tensor cores (M > 1) the weight is the tall
+  operand, acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows padded to BLOCK_M = 16, the least a dot
+  takes, and Triton pipelines the tile loads through shared memory (num_stages);
+- a short, wide weight (o_proj, down_proj of a small model: few rows, long K) gives too few
+  programs, so K is split until there are several programs per SM. Each split writes an fp32
+  partial sum; the last program of an N tile to finish (a counter per tile, bumped atomically, says
+  which) adds the partials, adds the bias, writes the output and sets its counter back to zero. One
+  launch does the whole op and a CUDA graph can replay it. The counters are shared by every call on
+  a device, so calls must not run concurrently on two streams.
+
+The tile sizes and the split come from `choose_config`, a fixed rule of the shape (nothing is tuned
+at run time, so the op can be captured in a CUDA graph on its first call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# x's rows padded to this for the tensor-core path (a dot's smallest dimension)
+DOT_BLOCK_M = 16
+# Split K until an op has about this many programs per SM (enough weight bytes in flight per SM
+# for HBM's latency), but keep at least one BLOCK_K tile in every split.
+PROGRAMS_PER_SM = 4
+# One counter per N tile of a split-K op; a split op never has more N tiles than this.
+MAX_SPLIT_TILES = 4096
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int  # weight rows per program
+    block_k: int  # K elements per tile
+    split_k: int  # programs along K (1: no split)
+    num_warps: int
+    num_stages: int
+    use_dot: bool  # tensor cores (x's rows padded to DOT_BLOCK_M) or element-wise FMAs
+
+
+_num_sms: dict[int, int] = {}
+_split_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _num_sms:
+        _num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _num_sms[index]
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The device's split-K tile counters: allocated once (zeros), left at zero by every call."""
+    if device not in _split_counters:
+        _split_counters[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+    return _split_counters[device]
+
+
+def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
+              programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """How many programs along K give about `programs_per_sm` programs per SM; every split gets
+    the same whole number of BLOCK_K tiles (but the last)."""
+    if n_tiles > MAX_SPLIT_TILES:
+        return 1
+    chunks = triton.cdiv(K, block_k)
+    split = min(chunks, max(1, triton.cdiv(programs_per_sm * _sm_count(device), n_tiles)))
+    return triton.cdiv(chunks, triton.cdiv(chunks, split))
+
+
+def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
+    # From an H200 sweep (hotpath.ops.linear.bench; Qwen3-0.6B and -8B projections and LM heads,
+    # bf16, in CUDA graphs): at M = 1, 8-row x 1024-wide tiles (16 KB, 56 registers a thread, so
+    # many programs per SM) were the fastest or within 3% of it on every shape; at M = 8 and 16,
+    # 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the kernel beats cuBLAS.
+    if M == 1:
+        block_n, block_k, num_warps, num_stages, use_dot = 8, 1024, 4, 1, False
+    else:
+        block_n, block_k, num_warps, num_stages, use_dot = 32, 256, 4, 3, True
+    block_k = min(block_k, max(16, triton.next_power_of_2(K)))
+    split = split_for(triton.cdiv(N, block_n), K, block_k, device)
+    return GemvConfig(block_n, block_k, split, num_warps, num_stages, use_dot)
+
+
+@triton.jit
+def _store_out(out_ptr, bias_ptr, acc, rn, rm, N, M, stride_om, HAS_BIAS: tl.constexpr):
+    """acc: [BLOCK_N, BLOCK_M] fp32 -> out[rm, rn] (+ bias[rn]) in the output's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+    mask = (rn < N)[:, None] & (rm < M)[None, :]
+    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None],
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "N"])
+def _gemv_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K], K contiguous
+    bias_ptr,  # [N] (unused without HAS_BIAS)
+    out_ptr,  # [M, N]
+    partial_ptr,  # [split_k, M, N] fp32 (unused without SPLIT)
+    counter_ptr,  # [>= cdiv(N, BLOCK_N)] int32, zero between calls (unused without SPLIT)
+    M,
+    N,
+    K,
+    k_per_split,  # a multiple of BLOCK_K
+    stride_xm,
+    stride_wn,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    # rows past N read row N - 1 (their sums are never stored), so the weight loads need no row
+    # mask and stay full-width
+    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc_n = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            w = tl.load(w_rows + rk[None, :])
+        else:
+            w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+        if USE_DOT:
+            x_mask = (rm < M)[:, None]
+            if not EVEN_K:
+                x_mask = x_mask & (rk < K)[None, :]
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        else:
+            if EVEN_K:
+                x = tl.load(x_ptr + rk)
+            else:
+                x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
+            acc_n += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    if not USE_DOT:
+        acc = acc_n[:, None]  # [BLOCK_N, 1]
+
+    if SPLIT:
+        out_mask = (rn < N)[:, None] & (rm < M)[None, :]
+        offsets = rm[None, :] * N + rn[:, None]
+        tl.store(partial_ptr + pid_k * M * N + offsets, acc, mask=out_mask)
+        # every thread's partial is stored before the (one-thread, acq_rel) atomic publishes it
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        num_splits = tl.num_programs(1)
+        if arrived == num_splits - 1:
+            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(0, num_splits):
+                # .cg: read from L2, where the other programs' stores are, not from this SM's L1
+                total += tl.load(partial_ptr + s * M * N + offsets, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+            _store_out(out_ptr, bias_ptr, total, rn, rm, N, M, stride_om, HAS_BIAS)
+            tl.store(counter_ptr + pid_n, 0)
+    else:
+        _store_out(out_ptr, bias_ptr, acc, rn, rm, N, M, stride_om, HAS_BIAS)
+
+
+def linear(
+    x: torch.Tensor,  # [..., K]
+    weight: torch.Tensor,  # [N, K], K contiguous
+    bias: torch.Tensor | None = None,  # [N]
+    config: GemvConfig | None = None,
+) -> torch.Tensor:  # [..., N]
+    """x @ weight^T (+ bias) with fp32 accumulation; `config` overrides `choose_config` (the
+    benchmark sweeps it)."""
+    K = x.shape[-1]
+    N = weight.shape[0]
+    if weight.shape[1] != K:
+        raise ValueError(f"x has {K} features but the weight is {tuple(weight.shape)}")
+    if weight.stride(1) != 1:
+        raise ValueError("the weight must be contiguous along in_features")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out.view(*x.shape[:-1], N)
+    if K == 0:
+        out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
+        return out.view(*x.shape[:-1], N)
+    cfg = config or choose_config(M, N, K, x.device)
+    block_m = DOT_BLOCK_M if cfg.use_dot else 1
+    if M > block_m:
+        raise ValueError(f"the GEMV kernel takes at most {block_m} rows with this config, got {M}")
+    n_tiles = triton.cdiv(N, cfg.block_n)
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
+    split = triton.cdiv(K, k_per_split)
+    if split > 1:
+        if n_tiles > MAX_SPLIT_TILES:
+            raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
+        partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+        counters = _counters(x.device)
+    else:
+        partial = counters = out
+    _gemv_kernel[(n_tiles, split)](
+        x2, weight, bias if bias is not None else out, out, partial, counters,
+        M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None,
+        SPLIT=split > 1,
+        USE_DOT=cfg.use_dot,
+        EVEN_K=K % cfg.block_k == 0,
+        BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out.view(*x.shape[:-1], N)

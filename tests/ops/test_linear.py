@@ -1,0 +1,167 @@
+"""The GEMV linear kernel against the reference, and the dispatch between them."""
+
+import pytest
+import torch
+
+from hotpath.ops import backend, linear
+from hotpath.ops.linear import reference
+from ops_cases import TOL, cuda, rel_err
+
+
+def inputs(M, N, K, dtype, device, bias, seed=0):
+    g = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(M, K, generator=g, device=device).to(dtype)
+    weight = (torch.randn(N, K, generator=g, device=device) / K**0.5).to(dtype)
+    b = torch.randn(N, generator=g, device=device).to(dtype) if bias else None
+    return x, weight, b
+
+
+def check(out, x, weight, bias, tol):
+    # the reference in fp32 on the same (rounded) inputs: the kernel accumulates in fp32 too
+    want = reference.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    assert out.shape == want.shape and out.dtype == x.dtype
+    assert rel_err(out, want) < tol
+
+
+def split_config(use_dot, split_k, block_k=64):
+    from hotpath.ops.linear.triton_gemv import GemvConfig
+
+    return GemvConfig(block_n=16, block_k=block_k, split_k=split_k, num_warps=4, num_stages=2,
+                      use_dot=use_dot)
+
+
+# ---- CPU: the kernel under TRITON_INTERPRET=1, fp32, small shapes -----------------------------
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize(
+    "M,N,K,bias",
+    [(1, 40, 200, True), (1, 16, 128, False), (3, 33, 96, False), (16, 17, 130, True)],
+)
+def test_interpreter(M, N, K, bias, use_dot, split_k, interpreter, poisoned):
+    from hotpath.ops.linear import triton_gemv
+
+    if M > 1 and not use_dot:
+        pytest.skip("the element-wise path takes one row")
+    x, weight, b = inputs(M, N, K, torch.float32, "cpu", bias)
+    out = triton_gemv.linear(x, weight, b, config=split_config(use_dot, split_k))
+    check(out, x, weight, b, TOL[torch.float32])
+
+
+def test_interpreter_default_config(interpreter, poisoned):
+    """choose_config's own choice (split K on this tall, narrow shape), leading dims kept."""
+    from hotpath.ops.linear import triton_gemv
+
+    x, weight, b = inputs(2, 24, 2100, torch.float32, "cpu", bias=True)
+    cfg = triton_gemv.choose_config(2, 24, 2100, x.device)
+    assert cfg.split_k > 1 and cfg.use_dot
+    out = triton_gemv.linear(x.view(1, 2, 2100), weight, b)
+    assert out.shape == (1, 2, 24)
+    check(out.view(2, 24), x, weight, b, TOL[torch.float32])
+
+
+def test_interpreter_split_counters_reset(interpreter):
+    """Each call leaves the split-K counters at zero, for the next call or graph replay."""
+    from hotpath.ops.linear import triton_gemv
+
+    x, weight, _ = inputs(1, 48, 256, torch.float32, "cpu", bias=False)
+    for seed in range(2):
+        x = torch.randn(1, 256, generator=torch.Generator().manual_seed(seed))
+        check(triton_gemv.linear(x, weight, config=split_config(False, 4)), x, weight, None, 1e-5)
+        assert not triton_gemv._counters(x.device).any()
+
+
+def test_interpreter_rejects_bad_shapes(interpreter):
+    from hotpath.ops.linear import triton_gemv
+
+    with pytest.raises(ValueError, match="features"):
+        triton_gemv.linear(torch.randn(1, 8), torch.randn(4, 16))
+    with pytest.raises(ValueError, match="at most 1 rows"):
+        triton_gemv.linear(torch.randn(2, 16), torch.randn(4, 16), config=split_config(False, 1))
+
+
+# ---- the dispatch --------------------------------------------------------------------------------
+def test_dispatch(monkeypatch):
+    pytest.importorskip("triton")
+    from hotpath.ops.linear import triton_gemv
+
+    calls = []
+    monkeypatch.setattr(triton_gemv, "linear", lambda *a: calls.append(a) or reference.linear(*a))
+    w16 = torch.randn(8, 32, dtype=torch.bfloat16)
+    previous = backend.get_backend()
+    try:
+        backend.set_backend("reference")
+        linear.linear(torch.randn(1, 32, dtype=torch.bfloat16), w16)
+        assert not calls
+        backend.set_backend("triton")
+        linear.linear(torch.randn(2, 3, 32, dtype=torch.bfloat16), w16)  # 6 rows, short weight
+        tall = torch.randn(64, 32, dtype=torch.bfloat16)
+        linear.linear(torch.randn(1, 32, dtype=torch.bfloat16), tall)  # 1 row: any shape
+        assert len(calls) == 2
+        linear.linear(torch.randn(6, 32, dtype=torch.bfloat16), tall)  # rows, tall weight
+        linear.linear(torch.randn(17, 32, dtype=torch.bfloat16), w16)  # too many rows
+        linear.linear(torch.randn(1, 32), w16.float())  # fp32
+        linear.linear(torch.randn(1, 32, dtype=torch.bfloat16), w16.t().contiguous().t())  # strided
+        assert len(calls) == 2
+    finally:
+        backend.set_backend(previous)
+
+
+def test_reference_is_f_linear():
+    x, weight, b = inputs(3, 5, 7, torch.float32, "cpu", bias=True)
+    assert torch.equal(reference.linear(x, weight, b), x @ weight.t() + b)
+
+
+# ---- GPU -----------------------------------------------------------------------------------------
+# odd shapes (N and K off every tile size), Qwen3-0.6B's projections, a Qwen3-8B one
+GPU_SHAPES = [(33, 1000), (1000, 2050), (4096, 1024), (1024, 3072), (6144, 4096)]
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("N,K", GPU_SHAPES)
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 16])
+def test_cuda(M, N, K, dtype, poisoned):
+    """The kernel with choose_config's tiles (whether or not the dispatch would pick it)."""
+    from hotpath.ops.linear import triton_gemv
+
+    for bias in (False, True):
+        x, weight, b = inputs(M, N, K, dtype, "cuda", bias, seed=M + N)
+        check(triton_gemv.linear(x, weight, b), x, weight, b, TOL[dtype])
+
+
+@cuda
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_cuda_split_k_repeated_and_in_graph(use_dot, gpu_triton):
+    """Split-K many times over (a missing barrier or fence would show as an occasional wrong sum),
+    then replayed in a CUDA graph on fresh inputs (the counters must reset every call)."""
+    from hotpath.ops.linear import triton_gemv
+
+    M = 4 if use_dot else 1
+    x, weight, b = inputs(M, 512, 8192, torch.bfloat16, "cuda", bias=True)
+    cfg = split_config(use_dot, split_k=16, block_k=256)
+    want = triton_gemv.linear(x, weight, b, config=cfg)
+    check(want, x, weight, b, TOL[torch.bfloat16])
+    for _ in range(200):
+        assert torch.equal(triton_gemv.linear(x, weight, b, config=cfg), want)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        triton_gemv.linear(x, weight, b, config=cfg)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_gemv.linear(x, weight, b, config=cfg)
+    for seed in range(5):
+        g = torch.Generator("cuda").manual_seed(seed)
+        x.copy_(torch.randn(M, 8192, generator=g, device="cuda"))
+        graph.replay()
+        check(out, x, weight, b, TOL[torch.bfloat16])
+    assert not triton_gemv._counters(x.device).any()
+
+
+@cuda
+def test_cuda_lm_head_shape(poisoned):
+    """Qwen3's LM head through the dispatch: 151936 x 4096, 1.2 GB of weight, one row."""
+    x, weight, _ = inputs(1, 151936, 4096, torch.bfloat16, "cuda", bias=False)
+    assert linear.use_gemv(x, weight)
+    check(linear.linear(x, weight), x, weight, None, TOL[torch.bfloat16])
