@@ -15,6 +15,7 @@ import torch
 from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.sequence import Sequence
 from hotpath.loader.model_loader import load_model
+from hotpath.ops.backend import use_triton
 from hotpath.runner.forward_batch import ForwardBatch
 from hotpath.runner.sampler import Sampler
 
@@ -50,11 +51,12 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.sampler = Sampler()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        if device.type == "cuda" and not enforce_eager:
+        # the reference ops read lengths on the host, which a graph capture cannot hold
+        if device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device)):
             self._capture_decode_graphs()
 
     # ---- KV cache -------------------------------------------------------------------------
-    def kv_bytes_per_block(self) -> int:
+    def _kv_bytes_per_block(self) -> int:
         cfg = self.model_config
         elem = torch.tensor([], dtype=self.dtype).element_size()
         per_token = 2 * cfg.num_key_value_heads * cfg.head_dim * elem * cfg.num_hidden_layers
@@ -64,7 +66,7 @@ class ModelRunner:
         ec = self.engine_config
         if ec.num_gpu_blocks_override is not None:
             return ec.num_gpu_blocks_override
-        per_block = self.kv_bytes_per_block()
+        per_block = self._kv_bytes_per_block()
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
@@ -96,12 +98,10 @@ class ModelRunner:
         # one block more than the manager hands out: padding rows of a CUDA graph batch write there
         self.scratch_block = self.num_blocks
         shape = (self.num_blocks + 1, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = []
         for attn in self.model.attention_layers():
             k = torch.empty(shape, dtype=self.dtype, device=self.device)
             v = torch.empty(shape, dtype=self.dtype, device=self.device)
             attn.kv_cache = (k, v)
-            self.kv_caches.append((k, v))
 
     # ---- one step -------------------------------------------------------------------------
     def _prepare(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence]]:
