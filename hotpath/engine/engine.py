@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -45,10 +46,11 @@ class Request:
 def resolve_model_dir(model: str | None) -> Path:
     """A known asset name, an HF directory or a .gguf file -> an HF-style directory."""
     from hotpath.assets import resolve_model
-    from hotpath.loader.gguf import gguf_to_hf_dir
 
     path = resolve_model(model)
     if path.is_file():
+        from hotpath.loader.gguf import gguf_to_hf_dir  # the gguf package only when needed
+
         return gguf_to_hf_dir(path)
     return path
 
@@ -57,10 +59,7 @@ class Engine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         self.device = _resolve_device(args.device)
-        if args.load_format == "dummy" and args.model and Path(args.model, "config.json").is_file():
-            model_dir = Path(args.model)
-        else:
-            model_dir = resolve_model_dir(args.model)
+        model_dir = resolve_model_dir(args.model)
         self.model_dir = model_dir
         self.model_config = ModelConfig.from_pretrained(model_dir)
         self.dtype = self._resolve_dtype(args.dtype)
@@ -109,8 +108,6 @@ class Engine:
 
     def _eos_token_ids(self) -> set[int]:
         """EOS ids as HF generate uses them: generation_config.json first, then config.json."""
-        import json
-
         gen = self.model_dir / "generation_config.json"
         if gen.is_file():
             eos = json.loads(gen.read_text()).get("eos_token_id")
