@@ -1,0 +1,51 @@
+"""The benchmark presets have the published parameter counts, and the roofline counts the bytes
+PERF.md says: every weight once, the embedding only for the looked-up rows, a tied head in full."""
+
+import pytest
+import torch
+
+from hotpath.bench.presets import PRESETS
+from hotpath.bench.roofline import decode_weight_bytes, kv_bytes_per_token, prefill_flops
+from hotpath.config import ModelConfig
+from hotpath.models.llama import DecoderForCausalLM
+
+# totals on the model cards (rounded there, hence the 1% tolerance)
+PUBLISHED_PARAMS = {"qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9}
+
+
+def meta_model(name):
+    cfg = ModelConfig.from_dict(PRESETS[name])
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            return cfg, DecoderForCausalLM(cfg, max_positions=16)
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_parameter_counts(name):
+    _, model = meta_model(name)
+    params = sum(p.numel() for p in model.parameters())
+    assert params == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+
+
+def test_decode_bytes_count_embedding_rows_only():
+    cfg, model = meta_model("qwen3-8b")  # untied: the embedding is not read beyond its rows
+    total = sum(p.numel() for p in model.parameters()) * 2
+    emb = cfg.vocab_size * cfg.hidden_size * 2
+    assert decode_weight_bytes(model, cfg, 1) == total - emb + cfg.hidden_size * 2
+    assert decode_weight_bytes(model, cfg, 64) == total - emb + 64 * cfg.hidden_size * 2
+    cfg, model = meta_model("qwen3-0.6b")  # tied: the LM head reads the whole shared matrix
+    total = sum(p.numel() for p in model.parameters()) * 2
+    assert decode_weight_bytes(model, cfg, 1) == total + cfg.hidden_size * 2
+
+
+def test_kv_and_flops():
+    cfg, _ = meta_model("qwen3-8b")
+    assert kv_bytes_per_token(cfg, torch.bfloat16) == 2 * 36 * 8 * 128 * 2
+    # attention FLOPs are half the square (causal) of QK^T and PV
+    attn = prefill_flops(cfg, 0, 1000)
+    assert attn == pytest.approx(2 * 2 * 36 * 32 * 128 * 1000**2 / 2)
+    assert prefill_flops(cfg, 10, 1000) == pytest.approx(attn + 2 * 10 * 1000)
