@@ -165,3 +165,57 @@ def test_cuda_lm_head_shape(poisoned):
     x, weight, _ = inputs(1, 151936, 4096, torch.bfloat16, "cuda", bias=False)
     assert linear.use_gemv(x, weight)
     check(linear.linear(x, weight), x, weight, None, TOL[torch.bfloat16])
+
+
+# ---- fused prologues: RMSNorm (+ residual add) and SiLU-and-mul before the GEMV ------------------
+def prologue_inputs(N, K, dtype, device, seed=0):
+    g = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(1, K, generator=g, device=device).to(dtype)
+    residual = torch.randn(1, K, generator=g, device=device).to(dtype)
+    norm_w = (1 + 0.1 * torch.randn(K, generator=g, device=device)).to(dtype)
+    gate_up = torch.randn(1, 2 * K, generator=g, device=device).to(dtype)
+    weight = (torch.randn(N, K, generator=g, device=device) / K**0.5).to(dtype)
+    bias = torch.randn(N, generator=g, device=device).to(dtype)
+    return x, residual, norm_w, gate_up, weight, bias
+
+
+def check_prologues(N, K, dtype, device, config=None):
+    """Both fused ops against the unfused reference ops on the same inputs (same dtype, so the
+    intermediate roundings match) with the result compared in fp32."""
+    from hotpath.ops.linear import triton_gemv
+
+    x, residual, norm_w, gate_up, weight, bias = prologue_inputs(N, K, dtype, device, seed=N + K)
+    tol = TOL[dtype]
+    for res in (None, residual):
+        out, summed = triton_gemv.rms_norm_linear(x, res, norm_w, 1e-6, weight, bias)
+        want, want_summed = reference.rms_norm_linear(x, res, norm_w, 1e-6, weight, bias)
+        assert rel_err(out.float(), want.float()) < tol
+        assert torch.equal(summed, want_summed)
+    out = triton_gemv.silu_mul_linear(gate_up, weight, bias)
+    assert rel_err(out.float(), reference.silu_mul_linear(gate_up, weight, bias).float()) < tol
+
+
+@pytest.mark.parametrize("N,K", [(40, 200), (16, 2100), (33, 96)])
+def test_interpreter_prologues(N, K, interpreter, poisoned):
+    check_prologues(N, K, torch.float32, "cpu")
+
+
+def test_fused_dispatch_falls_back_for_several_rows():
+    """Prefill rows (or the CPU) take the unfused ops, with the same results."""
+    from hotpath.ops.linear import rms_norm_linear, silu_mul_linear
+
+    x, residual, norm_w, gate_up, weight, bias = prologue_inputs(8, 32, torch.float32, "cpu")
+    x3, r3 = x.repeat(3, 1), residual.repeat(3, 1)
+    out, summed = rms_norm_linear(x3, r3, norm_w, 1e-6, weight, bias)
+    assert torch.equal(summed, x3 + r3)
+    want, _ = reference.rms_norm_linear(x3, r3, norm_w, 1e-6, weight, bias)
+    assert torch.equal(out, want)
+    assert torch.equal(silu_mul_linear(gate_up.repeat(3, 1), weight),
+                       reference.silu_mul_linear(gate_up.repeat(3, 1), weight))
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("N,K", GPU_SHAPES)
+def test_cuda_prologues(N, K, dtype, poisoned):
+    check_prologues(N, K, dtype, "cuda")
