@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from hotpath.layers.linear import Linear
-from hotpath.ops.linear import silu_mul_linear
+from hotpath.ops.activation import silu_and_mul
 
 
 class GatedMLP(nn.Module):
@@ -16,8 +16,4 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, [hidden_size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """down_proj(silu(gate) * up), one kernel for a single decode row."""
-        return silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hotpath.layers.norm import RMSNorm
-from hotpath.ops.linear import linear, rms_norm_linear
+from hotpath.ops.linear import linear
 
 
 class Linear(nn.Module):
@@ -38,10 +37,3 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
-
-    def forward_normed(
-        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """self(norm(x + residual)) and the new residual x + residual (x when there is none);
-        one kernel for a single decode row."""
-        return rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias)

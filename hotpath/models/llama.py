@@ -40,12 +40,9 @@ class SelfAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
     def forward(
-        self,
-        positions: torch.Tensor,
-        qkv: torch.Tensor,  # [num_tokens, q_size + 2 * kv_size], qkv_proj's output
-        batch: ForwardBatch,
+        self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -78,13 +75,14 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # each norm runs fused into the projection after it (one kernel for a decode row)
-        qkv, residual = self.self_attn.qkv_proj.forward_normed(self.input_layernorm, x, residual)
-        x = self.self_attn(positions, qkv, batch)
-        gate_up, residual = self.mlp.gate_up_proj.forward_normed(
-            self.post_attention_layernorm, x, residual
-        )
-        return self.mlp.down(gate_up), residual
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):

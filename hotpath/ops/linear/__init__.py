@@ -47,34 +47,4 @@ def linear(
     return reference.linear(x, weight, bias)
 
 
-def rms_norm_linear(
-    x: torch.Tensor,  # [num_tokens, K]
-    residual: torch.Tensor | None,  # [num_tokens, K]; None: x is the residual stream itself
-    norm_weight: torch.Tensor,  # [K]
-    eps: float,
-    weight: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # ([num_tokens, N], the new residual [num_tokens, K])
-    """linear(rms_norm(x + residual)) and x + residual. A single decode row runs it as one GEMV
-    launch with the norm in its prologue, saving the norm kernel and its round trip."""
-    if x.shape[0] == 1 and use_gemv(x, weight):
-        from hotpath.ops.linear import triton_gemv
-
-        return triton_gemv.rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-    return reference.rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-
-
-def silu_mul_linear(
-    gate_up: torch.Tensor,  # [num_tokens, 2 * K]
-    weight: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:  # [num_tokens, N]
-    """linear(silu(gate) * up); one GEMV launch for a single decode row."""
-    if gate_up.shape[0] == 1 and use_gemv(gate_up, weight):
-        from hotpath.ops.linear import triton_gemv
-
-        return triton_gemv.silu_mul_linear(gate_up, weight, bias)
-    return reference.silu_mul_linear(gate_up, weight, bias)
-
-
-__all__ = ["linear", "rms_norm_linear", "silu_mul_linear"]
+__all__ = ["linear"]

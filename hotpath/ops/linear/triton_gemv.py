@@ -107,37 +107,9 @@ def _store_out(out_ptr, bias_ptr, acc, rn, rm, N, M, stride_om, HAS_BIAS: tl.con
              acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _load_x_tile(x_ptr, res_ptr, norm_w_ptr, rk, K, rstd, EVEN_K: tl.constexpr,
-                 PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr):
-    """One row's [BLOCK_K] input tile in fp32, after the fused prologue (M = 1 only):
-    NONE: x; RMS_NORM: norm_w * rms_norm(x (+ residual)); SILU_MUL: silu(x[:K]) * x[K:2K].
-    Every intermediate is rounded to the input dtype where the torch reference rounds it."""
-    dtype = x_ptr.dtype.element_ty
-    mask = rk < K
-    if EVEN_K:
-        x = tl.load(x_ptr + rk).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + rk, mask=mask, other=0.0).to(tl.float32)
-    if PROLOGUE == 1:
-        if HAS_RES:
-            x = (x + tl.load(res_ptr + rk, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-        x = (x * rstd).to(dtype).to(tl.float32)
-        x = (x * tl.load(norm_w_ptr + rk, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    if PROLOGUE == 2:
-        up = tl.load(x_ptr + K + rk, mask=mask, other=0.0).to(tl.float32)
-        x = (x / (1.0 + tl.exp(-x))).to(dtype).to(tl.float32)
-        x = (x * up).to(dtype).to(tl.float32)
-    return x
-
-
 @triton.jit(do_not_specialize=["M", "N"])
 def _gemv_kernel(
-    x_ptr,  # [M, K] ([1, 2K] = gate | up for PROLOGUE SILU_MUL)
-    res_ptr,  # [1, K] residual added before the norm (used with HAS_RES)
-    norm_w_ptr,  # [K] RMSNorm weight (PROLOGUE RMS_NORM)
-    summed_ptr,  # [1, K] out: x + residual, the new residual stream (HAS_RES)
-    eps,
+    x_ptr,  # [M, K]
     w_ptr,  # [N, K], K contiguous
     bias_ptr,  # [N] (unused without HAS_BIAS)
     out_ptr,  # [M, N]
@@ -153,8 +125,6 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr,  # 0 none, 1 RMSNorm (+ residual add), 2 SiLU-and-mul; M = 1 only
-    HAS_RES: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -170,22 +140,6 @@ def _gemv_kernel(
     w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    rstd = 1.0
-    if PROLOGUE == 1:
-        # the norm needs the whole row: every program reads it (a few KB, from L2) for the
-        # statistic; the first program also writes x + residual out as the new residual
-        sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            v = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-            if HAS_RES:
-                v = (v + tl.load(res_ptr + rk, mask=rk < K, other=0.0).to(tl.float32))
-                v = v.to(x_ptr.dtype.element_ty)
-                if (pid_n == 0) & (pid_k == 0):
-                    tl.store(summed_ptr + rk, v, mask=rk < K)
-                v = v.to(tl.float32)
-            sq += v * v
-        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     if USE_DOT:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
@@ -203,8 +157,11 @@ def _gemv_kernel(
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
             acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
         else:
-            x = _load_x_tile(x_ptr, res_ptr, norm_w_ptr, rk, K, rstd, EVEN_K, PROLOGUE, HAS_RES)
-            acc_n += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            if EVEN_K:
+                x = tl.load(x_ptr + rk)
+            else:
+                x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
+            acc_n += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
     if not USE_DOT:
         acc = acc_n[:, None]  # [BLOCK_N, 1]
 
@@ -237,50 +194,6 @@ def linear(
     """x @ weight^T (+ bias) with fp32 accumulation; `config` overrides `choose_config` (the
     benchmark sweeps it)."""
     K = x.shape[-1]
-    x2 = x.reshape(-1, K)
-    out = _launch(x2, K, weight, bias, config)
-    return out.view(*x.shape[:-1], weight.shape[0])
-
-
-def rms_norm_linear(
-    x: torch.Tensor,  # [1, K]
-    residual: torch.Tensor | None,  # [1, K]
-    norm_weight: torch.Tensor,  # [K]
-    eps: float,
-    weight: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # ([1, N], [1, K] the new residual)
-    """linear(rms_norm(x + residual)) for one row in one launch; returns it and x + residual
-    (x itself when there is no residual)."""
-    K = x.shape[-1]
-    summed = torch.empty_like(x) if residual is not None else x
-    out = _launch(x.reshape(1, K), K, weight, bias, None, prologue=1,
-                  residual=residual, norm_weight=norm_weight, summed=summed, eps=eps)
-    return out, summed
-
-
-def silu_mul_linear(
-    gate_up: torch.Tensor,  # [1, 2K]
-    weight: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:  # [1, N]
-    """linear(silu(gate) * up) for one row in one launch."""
-    K = gate_up.shape[-1] // 2
-    return _launch(gate_up.reshape(1, 2 * K), K, weight, bias, None, prologue=2)
-
-
-def _launch(
-    x2: torch.Tensor,  # [M, K] ([1, 2K] for the SiLU-and-mul prologue)
-    K: int,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    config: GemvConfig | None,
-    prologue: int = 0,
-    residual: torch.Tensor | None = None,
-    norm_weight: torch.Tensor | None = None,
-    summed: torch.Tensor | None = None,
-    eps: float = 0.0,
-) -> torch.Tensor:  # [M, N]
     N = weight.shape[0]
     if weight.shape[1] != K:
         raise ValueError(f"x has {K} features but the weight is {tuple(weight.shape)}")
@@ -288,17 +201,17 @@ def _launch(
         raise ValueError("the weight must be contiguous along in_features")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
+    x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    out = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
-    assert prologue == 0 or (M == 1 and K > 0), "fused prologues take one row"
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
-        return out
+        return out.view(*x.shape[:-1], N)
     if K == 0:
         out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
-        return out
-    cfg = config or choose_config(M, N, K, x2.device)
+        return out.view(*x.shape[:-1], N)
+    cfg = config or choose_config(M, N, K, x.device)
     block_m = DOT_BLOCK_M if cfg.use_dot else 1
     if M > block_m:
         raise ValueError(f"the GEMV kernel takes at most {block_m} rows with this config, got {M}")
@@ -308,29 +221,22 @@ def _launch(
     if split > 1:
         if n_tiles > MAX_SPLIT_TILES:
             raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
-        partial = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-        counters = _counters(x2.device)
+        partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+        counters = _counters(x.device)
     else:
         partial = counters = out
     _gemv_kernel[(n_tiles, split)](
-        x2,
-        residual if residual is not None else x2,
-        norm_weight if norm_weight is not None else x2,
-        summed if summed is not None else x2,
-        eps,
-        weight, bias if bias is not None else out, out, partial, counters,
+        x2, weight, bias if bias is not None else out, out, partial, counters,
         M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None,
         SPLIT=split > 1,
         USE_DOT=cfg.use_dot,
-        PROLOGUE=prologue,
-        HAS_RES=residual is not None,
         EVEN_K=K % cfg.block_k == 0,
         BLOCK_M=block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
-        DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return out
+    return out.view(*x.shape[:-1], N)
