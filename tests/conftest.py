@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny_models.py
+sys.path.insert(0, str(Path(__file__).parent))  # tiny_models.py, tiny_chat_model.py
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +20,11 @@ def tiny_model_factory(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 checkpoint with a real BPE tokenizer and a ChatML template."""
+    from tiny_chat_model import make_tiny_chat_model
+
+    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))

@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tiny_chat_model.py, server_utils.py
+sys.path.insert(0, str(Path(__file__).parent))  # server_utils.py
 
 from server_utils import API_KEY, start_server  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def tiny_chat_model(tmp_path_factory) -> Path:
-    from tiny_chat_model import make_tiny_chat_model
-
-    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
 
 
 @pytest.fixture(scope="session")
