@@ -64,7 +64,13 @@ class Engine:
         self.model_config = ModelConfig.from_pretrained(model_dir)
         self.dtype = self._resolve_dtype(args.dtype)
         self.tokenizer = None if args.skip_tokenizer_init else _load_tokenizer(args.tokenizer or model_dir)
-        max_model_len = args.max_model_len or self.model_config.max_position_embeddings
+        max_positions = self.model_config.max_position_embeddings
+        max_model_len = args.max_model_len or max_positions
+        if max_model_len > max_positions:
+            raise ValueError(
+                f"max_model_len {max_model_len} is larger than the model's "
+                f"max_position_embeddings ({max_positions}): positions past it were never trained"
+            )
         self.config = EngineConfig(
             max_model_len=max_model_len,
             block_size=args.block_size,

@@ -99,3 +99,9 @@ def test_max_model_len_over_cache(tiny_model_factory):
     path, _ = tiny_model_factory(MODEL)
     with pytest.raises(ValueError, match="larger than the KV cache capacity"):
         LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=512, num_gpu_blocks_override=4)
+
+
+def test_max_model_len_over_model_positions(tiny_model_factory):
+    path, _ = tiny_model_factory(MODEL)  # max_position_embeddings 1024
+    with pytest.raises(ValueError, match="max_model_len 4096 is larger than the model's max_position_embeddings"):
+        LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=4096)
