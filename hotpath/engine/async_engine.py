@@ -26,6 +26,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -159,7 +160,9 @@ class AsyncEngine:
         loop runs."""
         stream = RequestStream(request_id, self)
         accepted: concurrent.futures.Future = concurrent.futures.Future()
-        if not self.is_running or not self._submit(("add", request_id, prompt, params, stream, accepted)):
+        # stamped here, so TTFT counts the wait for the engine thread's next step boundary
+        command = ("add", request_id, prompt, params, time.monotonic(), stream, accepted)
+        if not self.is_running or not self._submit(command):
             raise EngineDeadError("the engine is not running")
         try:
             await asyncio.wrap_future(accepted)
@@ -221,9 +224,9 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if command[0] == "add":
-                _, request_id, prompt, params, stream, accepted = command
+                _, request_id, prompt, params, arrival_time, stream, accepted = command
                 try:
-                    self.engine.add_request(request_id, prompt, params)
+                    self.engine.add_request(request_id, prompt, params, arrival_time)
                 except BaseException as e:
                     accepted.set_exception(e)
                     continue

@@ -131,8 +131,12 @@ class Engine:
         request_id: str,
         prompt: str | list[int] | dict,
         params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> None:
-        """Validates and queues a request; raises ValueError (queueing nothing) on bad input."""
+        """Validates and queues a request; raises ValueError (queueing nothing) on bad input.
+
+        `arrival_time` (time.monotonic()) is when the request reached the caller, so latency
+        metrics count the wait before this call; it defaults to now."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -159,7 +163,8 @@ class Engine:
                 prompt_token_ids=list(token_ids), params=params, max_tokens=max_tokens,
                 stop_token_ids=stop_ids, generator=gen,
             ))
-        req = Request(request_id, text, list(token_ids), params, seqs, time.monotonic(),
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        req = Request(request_id, text, list(token_ids), params, seqs, arrival,
                       detok=[DetokenizerState() for _ in seqs])
         self.requests[request_id] = req
         for seq in seqs:
