@@ -2,9 +2,11 @@
 
 Each step:
 1. Running sequences, in admission order, get their next tokens: one for a decode, a chunk for an
-   unfinished prefill. A prefill chunk never takes the token the running decodes behind it need, so a
-   long prompt cannot starve them. When the cache has no block for a sequence, the most recently
-   admitted sequence is preempted (its blocks freed; it is recomputed later from its tokens).
+   unfinished prefill. A sequence is admitted only with budget left after every running one, so a
+   sequence still prefilling is behind every running decode: a long prompt never starves them; it
+   takes what the decodes leave, chunk by chunk. When the cache has no block for a sequence, the
+   most recently admitted sequence is preempted (its blocks freed; it is recomputed later from its
+   tokens).
 2. If nothing was preempted, waiting sequences are admitted in arrival order while the budget, the
    free blocks and max_num_seqs allow, reusing prefix-cached blocks.
 """
@@ -46,20 +48,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        # decodes behind each position in `running`: the budget a prefill chunk must leave them
-        decodes_after = [0] * (len(self.running) + 1)
-        for i in range(len(self.running) - 1, -1, -1):
-            is_decode = self.running[i].num_tokens - self.running[i].num_computed_tokens == 1
-            decodes_after[i] = decodes_after[i + 1] + is_decode
-
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            remaining = seq.num_tokens - seq.num_computed_tokens
-            num_new = min(remaining, budget if remaining == 1 else budget - decodes_after[i + 1])
-            if num_new <= 0:
-                i += 1
-                continue
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._allocate_or_preempt(seq, num_new, out):
                 break  # seq itself was preempted, and it was the last running one
             out.scheduled.append((seq, num_new))
