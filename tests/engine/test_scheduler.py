@@ -35,6 +35,8 @@ def run_step(sched: Scheduler, kv: KVCacheManager) -> dict[int, int]:
             s.output_token_ids.append(7)
             if len(s.output_token_ids) >= s.max_tokens:
                 sched.finish(s)
+    # the invariant that keeps decodes from starving: only the last running sequence is mid-prefill
+    assert all(s.num_tokens - s.num_computed_tokens <= 1 for s in sched.running[:-1])
     return {s.seq_id: n for s, n in out.scheduled}
 
 
