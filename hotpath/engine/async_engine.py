@@ -243,6 +243,7 @@ class AsyncEngine:
                 self._num_generated.pop(request_id, None)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        deliveries = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
@@ -255,7 +256,10 @@ class AsyncEngine:
                 del self._num_generated[out.request_id]
                 if self.on_finished is not None:
                     self.on_finished(out)
-            self._loop.call_soon_threadsafe(stream._put, out)
+            deliveries.append((stream, out))
+        if deliveries:
+            # one wake-up of the event loop per step, not one per request
+            self._loop.call_soon_threadsafe(_deliver, deliveries)
 
     def _refresh_stats(self) -> None:
         sched = self.engine.scheduler
@@ -288,3 +292,8 @@ class AsyncEngine:
         for stream in self._streams.values():
             self._loop.call_soon_threadsafe(stream._fail, error)
         self._streams.clear()
+
+
+def _deliver(deliveries: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, out in deliveries:
+        stream._put(out)
