@@ -27,9 +27,7 @@ def measure_bandwidth(device: torch.device, nbytes: int = 4 * 2**30) -> float:
     """HBM bandwidth in bytes/s from a large device-to-device copy, counting read + written."""
     src = torch.empty(nbytes // 2, dtype=torch.int16, device=device).random_()
     dst = torch.empty_like(src)
-    seconds = _time_cuda(lambda: dst.copy_(src))
-    del src, dst
-    return 2 * nbytes / seconds
+    return 2 * nbytes / _time_cuda(lambda: dst.copy_(src))
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:

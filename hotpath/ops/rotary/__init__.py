@@ -1,5 +1,5 @@
-"""Rotary position embedding, plain and fused with QK-norm and the KV-cache write: the reference on
-the CPU, Triton on the GPU (see hotpath/ops/backend.py)."""
+"""Rotary position embedding fused with QK-norm and the KV-cache write: the reference on the CPU,
+Triton on the GPU (see hotpath/ops/backend.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,6 @@ import torch
 
 from hotpath.ops import backend
 from hotpath.ops.rotary import reference
-
-
-def apply_rotary(
-    x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
-) -> torch.Tensor:
-    if backend.use_triton(x):
-        from hotpath.ops.rotary import triton as kernels
-
-        return kernels.apply_rotary(x, positions, cos_sin_cache)
-    return reference.apply_rotary(x, positions, cos_sin_cache)
 
 
 def qk_norm_rope_and_cache(
@@ -42,4 +32,4 @@ def qk_norm_rope_and_cache(
     return reference.qk_norm_rope_and_cache(*args)
 
 
-__all__ = ["apply_rotary", "qk_norm_rope_and_cache"]
+__all__ = ["qk_norm_rope_and_cache"]

@@ -76,32 +76,6 @@ def _load_cos_sin(cos_sin_ptr, positions_ptr, token, stride_cs, HALF: tl.constex
 
 
 @triton.jit
-def _rope_kernel(
-    x_ptr,
-    out_ptr,
-    positions_ptr,
-    cos_sin_ptr,
-    num_heads,
-    stride_xt,
-    stride_xh,
-    stride_ot,
-    stride_oh,
-    stride_cs,
-    HEADS_PAD: tl.constexpr,
-    HALF: tl.constexpr,
-    HALF_PAD: tl.constexpr,
-    REST: tl.constexpr,
-    REST_PAD: tl.constexpr,
-):
-    token = tl.program_id(0).to(tl.int64)
-    cos, sin = _load_cos_sin(cos_sin_ptr, positions_ptr, token, stride_cs, HALF, HALF_PAD)
-    _norm_rope_heads(
-        x_ptr + token * stride_xt, stride_xh, out_ptr + token * stride_ot, stride_oh, num_heads,
-        cos, sin, x_ptr, 0.0, False, tl.float32, HEADS_PAD, HALF, HALF_PAD, REST, REST_PAD,
-    )
-
-
-@triton.jit
 def _qk_norm_rope_cache_kernel(
     q_ptr,
     k_ptr,
@@ -174,25 +148,6 @@ def _rotary_dims(head_dim: int, cos_sin_cache: torch.Tensor) -> tuple[int, int, 
     assert rotary_dim % 2 == 0 and rotary_dim <= head_dim
     half, rest = rotary_dim // 2, head_dim - rotary_dim
     return half, triton.next_power_of_2(half), rest, triton.next_power_of_2(max(rest, 1))
-
-
-def apply_rotary(
-    x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    positions: torch.Tensor,  # [num_tokens] int64
-    cos_sin_cache: torch.Tensor,  # [max_positions, rotary_dim] fp32
-) -> torch.Tensor:
-    num_tokens, num_heads, head_dim = x.shape
-    assert x.stride(2) == 1 and cos_sin_cache.stride(1) == 1
-    half, half_pad, rest, rest_pad = _rotary_dims(head_dim, cos_sin_cache)
-    out = torch.empty((num_tokens, num_heads, head_dim), dtype=x.dtype, device=x.device)
-    if num_tokens > 0:
-        _rope_kernel[(num_tokens,)](
-            x, out, positions, cos_sin_cache, num_heads,
-            x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin_cache.stride(0),
-            HEADS_PAD=triton.next_power_of_2(num_heads), HALF=half, HALF_PAD=half_pad,
-            REST=rest, REST_PAD=rest_pad, num_warps=4,
-        )
-    return out
 
 
 def qk_norm_rope_and_cache(
