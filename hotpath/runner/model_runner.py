@@ -162,7 +162,8 @@ class ModelRunner:
             [s.prompt_token_ids for s in sampling],
             [s.output_token_ids for s in sampling],
             [s.generator for s in sampling],
-            [sorted(s.stop_token_ids) for s in sampling],  # held back until min_tokens
+            # stop and EOS ids are held back until min_tokens; most requests set none
+            [list(s.stop_token_ids) if s.params.min_tokens else [] for s in sampling],
         )
         token_ids = out.token_ids.tolist()  # the step's one host synchronisation
         logprobs = out.logprobs.tolist()

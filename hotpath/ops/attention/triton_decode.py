@@ -26,6 +26,7 @@ from hotpath.ops.attention.triton_common import (
     dot_precision,
     next_power_of_2,
 )
+from hotpath.ops.triton_utils import sm_count
 
 # Measured on an H200 (hotpath.ops.bench_kernels: batch 1 and 64, Qwen3-8B heads, bf16): decode
 # is bound by how many bytes each SM keeps in flight: 16 KB key tiles (64 keys of head_dim 128; with
@@ -36,18 +37,6 @@ PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 128
 TILE_BYTES = 64 * 128 * 2
-
-_num_sms: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: any small number
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _num_sms:
-        _num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _num_sms[index]
-
 
 @triton.jit
 def _decode_split_kernel(
@@ -188,7 +177,7 @@ def choose_num_splits(
     """Enough splits to give every SM about PROGRAMS_PER_SM programs, none (at the longest
     context) shorter than MIN_SPLIT_TOKENS; one split once the batch alone fills the SMs."""
     programs = num_seqs * num_kv_heads
-    num_sms = _sm_count(device)
+    num_sms = sm_count(device)
     if programs >= num_sms:
         return 1
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.triton_utils import sm_count
+
 # x's rows padded to this for the tensor-core path (a dot's smallest dimension)
 DOT_BLOCK_M = 16
 # Split K until an op has about this many programs per SM (enough weight bytes in flight per SM
@@ -52,17 +54,7 @@ class GemvConfig:
     use_dot: bool  # tensor cores (x's rows padded to DOT_BLOCK_M) or element-wise FMAs
 
 
-_num_sms: dict[int, int] = {}
 _split_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: any small number
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _num_sms:
-        _num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _num_sms[index]
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -79,7 +71,7 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
     if n_tiles > MAX_SPLIT_TILES:
         return 1
     chunks = triton.cdiv(K, block_k)
-    split = min(chunks, max(1, triton.cdiv(programs_per_sm * _sm_count(device), n_tiles)))
+    split = min(chunks, max(1, triton.cdiv(programs_per_sm * sm_count(device), n_tiles)))
     return triton.cdiv(chunks, triton.cdiv(chunks, split))
 
 
