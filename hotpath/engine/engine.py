@@ -6,14 +6,14 @@ import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.args import EngineArgs
-from hotpath.engine.detokenizer import DetokenizerState, detokenize_step
+from hotpath.engine.detokenizer import detokenize_step
 from hotpath.engine.kv_cache import KVCacheManager
 from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
@@ -36,7 +36,6 @@ class Request:
     arrival_time: float
     first_token_time: float | None = None
     finished_time: float | None = None
-    detok: list[DetokenizerState] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -164,8 +163,7 @@ class Engine:
                 stop_token_ids=stop_ids, generator=gen,
             ))
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        req = Request(request_id, text, list(token_ids), params, seqs, arrival,
-                      detok=[DetokenizerState() for _ in seqs])
+        req = Request(request_id, text, list(token_ids), params, seqs, arrival)
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
@@ -245,7 +243,7 @@ class Engine:
         if self.tokenizer is not None:
             old_len = len(seq.text)
             seq.text += detokenize_step(
-                self.tokenizer, seq.output_token_ids, req.detok[seq.index], params.skip_special_tokens
+                self.tokenizer, seq.output_token_ids, seq.detok, params.skip_special_tokens
             )
             if params.stop and len(seq.output_token_ids) >= params.min_tokens:
                 if self._check_stop_strings(seq, old_len):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hotpath.engine.detokenizer import DetokenizerState
 from hotpath.outputs import Logprob
 from hotpath.sampling_params import SamplingParams
 
@@ -39,6 +40,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     text: str = ""
+    detok: DetokenizerState = field(default_factory=DetokenizerState)
 
     @property
     def num_tokens(self) -> int:

@@ -181,7 +181,7 @@ class ModelRunner:
         """The captured batch size to run this step with, or 0 to run it eagerly."""
         if not self.graphs or any(n != 1 or seq.num_computed_tokens + 1 != seq.num_tokens for seq, n in scheduled):
             return 0
-        return next((size for size in sorted(self.graphs) if size >= len(scheduled)), 0)
+        return next((size for size in self.graphs if size >= len(scheduled)), 0)  # ascending
 
     def _capture_decode_graphs(self) -> None:
         """Captures model forward + LM head for decode batches of each bucket size.
@@ -228,6 +228,7 @@ class ModelRunner:
                 with torch.cuda.graph(graph, pool=pool):
                     logits = forward()
             self.graphs[bs] = (graph, logits)
+        self.graphs = dict(sorted(self.graphs.items()))  # ascending, for _graph_size
         torch.cuda.synchronize(dev)
 
     def _run_decode_graph(self, scheduled: list[tuple[Sequence, int]], size: int) -> torch.Tensor:
