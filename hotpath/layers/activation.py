@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from hotpath.layers.linear import Linear
-from hotpath.ops.activation import silu_and_mul
+from hotpath.ops.linear import linear_silu_and_mul
 
 
 class GatedMLP(nn.Module):
@@ -16,4 +16,5 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, [hidden_size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        # gate_up and SiLU-and-mul fused where the GEMV runs (decode), two ops elsewhere
+        return self.down_proj(linear_silu_and_mul(x, self.gate_up_proj.weight))

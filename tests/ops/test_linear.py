@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hotpath.ops import backend, linear
+from hotpath.ops.activation.reference import silu_and_mul as silu_and_mul_reference
 from hotpath.ops.linear import reference
 from ops_cases import TOL, cuda, rel_err
 
@@ -45,6 +46,27 @@ def test_interpreter(M, N, K, bias, use_dot, split_k, interpreter, poisoned):
     x, weight, b = inputs(M, N, K, torch.float32, "cpu", bias)
     out = triton_gemv.linear(x, weight, b, config=split_config(use_dot, split_k))
     check(out, x, weight, b, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("M,N,K", [(1, 20, 200), (1, 8, 128), (5, 33, 96)])
+def test_interpreter_gated(M, N, K, use_dot, split_k, interpreter, poisoned):
+    """linear_silu_and_mul: gate and up rows paired per program, odd N included."""
+    from hotpath.ops.linear import triton_gemv
+
+    if M > 1 and not use_dot:
+        pytest.skip("the element-wise path takes one row")
+    x, weight, _ = inputs(M, 2 * N, K, torch.float32, "cpu", bias=False)
+    out = triton_gemv.linear_silu_and_mul(x, weight, config=split_config(use_dot, split_k))
+    check_gated(out, x, weight, TOL[torch.float32])
+
+
+def check_gated(out, x, weight, tol):
+    gate_up = reference.linear(x.float(), weight.float())
+    want = silu_and_mul_reference(gate_up)
+    assert out.shape == want.shape and out.dtype == x.dtype
+    assert rel_err(out, want) < tol
 
 
 def test_interpreter_default_config(interpreter, poisoned):
@@ -127,6 +149,18 @@ def test_cuda(M, N, K, dtype, poisoned):
     for bias in (False, True):
         x, weight, b = inputs(M, N, K, dtype, "cuda", bias, seed=M + N)
         check(triton_gemv.linear(x, weight, b), x, weight, b, TOL[dtype])
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("N,K", [(3072, 1024), (12288, 4096), (500, 2050)])
+@pytest.mark.parametrize("M", [1, 4])
+def test_cuda_gated(M, N, K, dtype, poisoned):
+    """linear_silu_and_mul at Qwen3-0.6B's and -8B's gate_up shapes and an odd one."""
+    from hotpath.ops.linear import triton_gemv
+
+    x, weight, _ = inputs(M, 2 * N, K, dtype, "cuda", bias=False, seed=N)
+    check_gated(triton_gemv.linear_silu_and_mul(x, weight), x, weight, TOL[dtype])
 
 
 @cuda

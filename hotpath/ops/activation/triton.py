@@ -6,11 +6,16 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
+
 BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, half, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, half, stride_x, stride_o, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < half
@@ -31,5 +36,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], half), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0:
         grid = (x2.shape[0], triton.cdiv(half, BLOCK))
-        _silu_and_mul_kernel[grid](x2, out, half, x2.stride(0), out.stride(0), BLOCK=BLOCK, num_warps=4)
+        use_pdl = pdl_enabled(x.device)
+        _silu_and_mul_kernel[grid](x2, out, half, x2.stride(0), out.stride(0), BLOCK=BLOCK,
+                                   USE_PDL=use_pdl, num_warps=4, launch_pdl=use_pdl)
     return out.view(x.shape[:-1] + (half,))

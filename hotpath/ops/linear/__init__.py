@@ -9,6 +9,7 @@ import math
 import torch
 
 from hotpath.ops import backend
+from hotpath.ops.activation import silu_and_mul
 from hotpath.ops.linear import reference
 
 # Where the GEMV kernel was measured faster than cuBLAS (H200, bf16, in CUDA graphs, torch 2.11;
@@ -47,4 +48,16 @@ def linear(
     return reference.linear(x, weight, bias)
 
 
-__all__ = ["linear"]
+def linear_silu_and_mul(
+    x: torch.Tensor,  # [..., in_features]
+    weight: torch.Tensor,  # [2 * intermediate, in_features] = [gate | up]
+) -> torch.Tensor:  # [..., intermediate]
+    """silu(x @ gate^T) * (x @ up^T): one fused launch where the GEMV runs, else the two ops."""
+    if use_gemv(x, weight):
+        from hotpath.ops.linear import triton_gemv
+
+        return triton_gemv.linear_silu_and_mul(x, weight)
+    return silu_and_mul(linear(x, weight))
+
+
+__all__ = ["linear", "linear_silu_and_mul"]

@@ -10,10 +10,17 @@ weight is spread over many programs:
 - without tensor cores (USE_DOT off; the GEMV case, M = 1) each tile is multiplied by x
   element-wise and summed along K into an fp32 [BLOCK_N] accumulator. Summing every tile (rather
   than once at the end) keeps the accumulator out of the registers, so more programs fit on an SM
-  and more loads are in flight: Triton does not pipeline loads that feed no dot (none in its PTX),
-  so a program's bytes in flight are one tile. With tensor cores (M > 1) the weight is the tall
-  operand, acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows padded to BLOCK_M = 16, the least a dot
-  takes, and Triton pipelines the tile loads through shared memory (num_stages);
+  and more loads are in flight. Triton does not pipeline loads that feed no dot, so the loop loads
+  the next tile by hand before it uses the current one: two tiles in flight per program. With
+  tensor cores (M > 1) the weight is the tall operand, acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows
+  padded to BLOCK_M = 16, the least a dot takes, and Triton pipelines the tile loads through
+  shared memory (num_stages);
+- with programmatic dependent launch (ops/triton_utils.py) the kernel starts while the previous
+  kernel finishes, and its first weight tile is already loading when it waits for that kernel's
+  output: the ramp-up of the weight stream hides under the previous kernel's tail;
+- the gated MLP's gate_up projection can run fused with SiLU-and-mul (GATED): a program's rows are
+  pairs (gate row f, up row f), so it forms silu(gate) * up for its outputs itself, saving a launch
+  and the [M, 2N] intermediate;
 - a short, wide weight (o_proj, down_proj of a small model: few rows, long K) gives too few
   programs, so K is split until there are several programs per SM. Each split writes an fp32
   partial sum; the last program of an N tile to finish (a counter per tile, bumped atomically, says
@@ -33,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import sm_count
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
 
 # x's rows padded to this for the tensor-core path (a dot's smallest dimension)
 DOT_BLOCK_M = 16
@@ -90,10 +97,21 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit
-def _store_out(out_ptr, bias_ptr, acc, rn, rm, N, M, stride_om, HAS_BIAS: tl.constexpr):
-    """acc: [BLOCK_N, BLOCK_M] fp32 -> out[rm, rn] (+ bias[rn]) in the output's dtype."""
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
+               HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc: [BLOCK_N, BLOCK_M] fp32 sums of this program's (virtual) rows -> out[rm, features]."""
+    if GATED:
+        # rounded to the output dtype first, as the reference rounds the gate_up projection,
+        # then silu(gate) rounded again before the product (torch's silu(gate) * up)
+        gu = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        gate, up = tl.split(tl.permute(tl.reshape(gu, (BLOCK_N // 2, 2, acc.shape[1])), (0, 2, 1)))
+        silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+        acc = silu * up  # [BLOCK_N // 2, BLOCK_M]
+        rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    else:
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
     mask = (rn < N)[:, None] & (rm < M)[None, :]
     tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None],
              acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -102,65 +120,90 @@ def _store_out(out_ptr, bias_ptr, acc, rn, rm, N, M, stride_om, HAS_BIAS: tl.con
 @triton.jit(do_not_specialize=["M", "N"])
 def _gemv_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # [N, K], K contiguous
+    w_ptr,  # [N, K] ([2N, K] = [gate | up] with GATED), K contiguous
     bias_ptr,  # [N] (unused without HAS_BIAS)
     out_ptr,  # [M, N]
-    partial_ptr,  # [split_k, M, N] fp32 (unused without SPLIT)
-    counter_ptr,  # [>= cdiv(N, BLOCK_N)] int32, zero between calls (unused without SPLIT)
+    partial_ptr,  # [split_k, M, rows] fp32, rows = N (2N with GATED) (unused without SPLIT)
+    counter_ptr,  # [>= cdiv(rows, BLOCK_N)] int32, zero between calls (unused without SPLIT)
     M,
-    N,
+    N,  # output features
     K,
     k_per_split,  # a multiple of BLOCK_K
     stride_xm,
     stride_wn,
     stride_om,
     HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,  # out = silu(x @ gate^T) * (x @ up^T)
     SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
+    USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # A program sums BLOCK_N "virtual" rows: the weight's rows, or with GATED, pairs
+    # (gate row f, up row f) so that one program holds both factors of its outputs.
+    rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:
+        rows_total = 2 * N
+        w_row = tl.minimum(rv // 2, N - 1) + (rv % 2) * N
+    else:
+        rows_total = N
+        # rows past N read row N - 1 (their sums are never stored), so the weight loads need no
+        # row mask and stay full-width
+        w_row = tl.minimum(rv, N - 1)
+    w_rows = w_ptr + w_row.to(tl.int64)[:, None] * stride_wn
     rm = tl.arange(0, BLOCK_M)
-    # rows past N read row N - 1 (their sums are never stored), so the weight loads need no row
-    # mask and stay full-width
-    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     if USE_DOT:
+        pdl_wait(USE_PDL)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            x_mask = (rm < M)[:, None]
+            if EVEN_K:
+                w = tl.load(w_rows + rk[None, :])
+            else:
+                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+                x_mask = x_mask & (rk < K)[None, :]
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
     else:
-        acc_n = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
+        # Two weight tiles in flight per program: the next one is loaded before this one is
+        # used (Triton does not pipeline loads that feed no dot). The first is loaded before
+        # waiting for the previous kernel: the weights are not something it writes.
+        rk = k_start + tl.arange(0, BLOCK_K)
         if EVEN_K:
             w = tl.load(w_rows + rk[None, :])
         else:
             w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
-        if USE_DOT:
-            x_mask = (rm < M)[:, None]
-            if not EVEN_K:
-                x_mask = x_mask & (rk < K)[None, :]
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
-            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
-        else:
+        pdl_wait(USE_PDL)
+        acc_n = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            rk_next = rk + BLOCK_K
             if EVEN_K:
+                # one predicate for the whole tile (a splat), so the loads stay vectorised
+                has_next = (tl.zeros([1, BLOCK_K], dtype=tl.int32) + k0 + BLOCK_K) < k_end
+                w_next = tl.load(w_rows + rk_next[None, :], mask=has_next, other=0.0)
                 x = tl.load(x_ptr + rk)
             else:
+                w_next = tl.load(w_rows + rk_next[None, :], mask=(rk_next < k_end)[None, :], other=0.0)
                 x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
             acc_n += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    if not USE_DOT:
+            w = w_next
         acc = acc_n[:, None]  # [BLOCK_N, 1]
 
     if SPLIT:
-        out_mask = (rn < N)[:, None] & (rm < M)[None, :]
-        offsets = rm[None, :] * N + rn[:, None]
-        tl.store(partial_ptr + pid_k * M * N + offsets, acc, mask=out_mask)
+        out_mask = (rv < rows_total)[:, None] & (rm < M)[None, :]
+        offsets = rm[None, :] * rows_total + rv[:, None]
+        tl.store(partial_ptr + pid_k * M * rows_total + offsets, acc, mask=out_mask)
         # every thread's partial is stored before the (one-thread, acq_rel) atomic publishes it
         tl.debug_barrier()
         arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
@@ -169,12 +212,12 @@ def _gemv_kernel(
             total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(0, num_splits):
                 # .cg: read from L2, where the other programs' stores are, not from this SM's L1
-                total += tl.load(partial_ptr + s * M * N + offsets, mask=out_mask, other=0.0,
+                total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask, other=0.0,
                                  cache_modifier=".cg")
-            _store_out(out_ptr, bias_ptr, total, rn, rm, N, M, stride_om, HAS_BIAS)
+            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, HAS_BIAS, GATED, BLOCK_N)
             tl.store(counter_ptr + pid_n, 0)
     else:
-        _store_out(out_ptr, bias_ptr, acc, rn, rm, N, M, stride_om, HAS_BIAS)
+        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, HAS_BIAS, GATED, BLOCK_N)
 
 
 def linear(
@@ -185,14 +228,31 @@ def linear(
 ) -> torch.Tensor:  # [..., N]
     """x @ weight^T (+ bias) with fp32 accumulation; `config` overrides `choose_config` (the
     benchmark sweeps it)."""
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
+    return _launch(x, weight, bias, False, config)
+
+
+def linear_silu_and_mul(
+    x: torch.Tensor,  # [..., K]
+    weight: torch.Tensor,  # [2 * N, K] = [gate | up], K contiguous
+    config: GemvConfig | None = None,
+) -> torch.Tensor:  # [..., N]
+    """silu(x @ gate^T) * (x @ up^T), the gated MLP's first half, in one launch: each program
+    sums matching gate and up rows, so the product is formed before anything is stored."""
+    if weight.shape[0] % 2:
+        raise ValueError(f"a [gate | up] weight needs an even number of rows, got {weight.shape[0]}")
+    return _launch(x, weight, None, True, config)
+
+
+def _launch(x, weight, bias, gated: bool, config: GemvConfig | None) -> torch.Tensor:
     K = x.shape[-1]
-    N = weight.shape[0]
+    rows = weight.shape[0]  # the weight's rows: the outputs, or [gate | up]
+    N = rows // 2 if gated else rows
     if weight.shape[1] != K:
         raise ValueError(f"x has {K} features but the weight is {tuple(weight.shape)}")
     if weight.stride(1) != 1:
         raise ValueError("the weight must be contiguous along in_features")
-    if bias is not None and bias.shape != (N,):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -201,34 +261,39 @@ def linear(
     if M == 0 or N == 0:
         return out.view(*x.shape[:-1], N)
     if K == 0:
+        # no terms: every sum is 0 (silu(0) * 0 = 0), plus the bias
         out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
         return out.view(*x.shape[:-1], N)
-    cfg = config or choose_config(M, N, K, x.device)
+    cfg = config or choose_config(M, rows, K, x.device)
     block_m = DOT_BLOCK_M if cfg.use_dot else 1
     if M > block_m:
         raise ValueError(f"the GEMV kernel takes at most {block_m} rows with this config, got {M}")
-    n_tiles = triton.cdiv(N, cfg.block_n)
+    n_tiles = triton.cdiv(rows, cfg.block_n)
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)
     if split > 1:
         if n_tiles > MAX_SPLIT_TILES:
             raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
-        partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+        partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
         counters = _counters(x.device)
     else:
         partial = counters = out
+    use_pdl = pdl_enabled(x.device)
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,
         M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None,
+        GATED=gated,
         SPLIT=split > 1,
         USE_DOT=cfg.use_dot,
         EVEN_K=K % cfg.block_k == 0,
+        USE_PDL=use_pdl,
         BLOCK_M=block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=use_pdl,
     )
     return out.view(*x.shape[:-1], N)

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import row_warps, tl_dtype
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, row_warps, tl_dtype
 
 
 @triton.jit
@@ -27,10 +27,14 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     SUM_DTYPE: tl.constexpr,  # the dtype x + residual is rounded to (the reference's)
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # no kernel writes it
+    pdl_wait(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -38,7 +42,6 @@ def _rms_norm_kernel(
         tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / hidden + eps)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -58,11 +61,12 @@ def _launch(x, residual, weight, eps):
     summed = torch.empty(x2.shape, dtype=sum_dtype, device=x.device) if residual is not None else out
     if x2.shape[0] > 0:
         block = triton.next_power_of_2(hidden)
+        use_pdl = pdl_enabled(x.device)
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, summed, hidden, eps,
             x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0),
             HAS_RESIDUAL=residual is not None, SUM_DTYPE=tl_dtype(sum_dtype), BLOCK=block,
-            num_warps=row_warps(block),
+            USE_PDL=use_pdl, num_warps=row_warps(block), launch_pdl=use_pdl,
         )
     return out.view(x.shape[:-1] + (hidden,)), summed.view(x.shape[:-1] + (hidden,))
 

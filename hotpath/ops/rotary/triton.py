@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import tl_dtype
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, tl_dtype
 
 
 @triton.jit
@@ -118,7 +118,10 @@ def _qk_norm_rope_cache_kernel(
     HALF_PAD: tl.constexpr,
     REST: tl.constexpr,
     REST_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     cos, sin = _load_cos_sin(cos_sin_ptr, positions_ptr, token, stride_cs, HALF, HALF_PAD)
     _norm_rope_heads(
@@ -175,6 +178,7 @@ def qk_norm_rope_and_cache(
     if num_tokens == 0:
         return q_out
     heads_pad = triton.next_power_of_2(num_heads)
+    use_pdl = pdl_enabled(q.device)
     _qk_norm_rope_cache_kernel[(num_tokens,)](
         q, k, v, q_out, k_cache, v_cache, positions, cos_sin_cache, slot_mapping,
         q_norm_weight if has_norm else q, k_norm_weight if has_norm else k, eps,
@@ -188,6 +192,7 @@ def qk_norm_rope_and_cache(
         BLOCK_SIZE=k_cache.shape[1], HEADS_PAD=heads_pad,
         KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim), HALF=half, HALF_PAD=half_pad,
-        REST=rest, REST_PAD=rest_pad, num_warps=4 if heads_pad * head_dim <= 4096 else 8,
+        REST=rest, REST_PAD=rest_pad, USE_PDL=use_pdl,
+        num_warps=4 if heads_pad * head_dim <= 4096 else 8, launch_pdl=use_pdl,
     )
     return q_out
