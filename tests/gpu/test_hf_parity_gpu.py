@@ -9,11 +9,11 @@ from hotpath import LLM, SamplingParams
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 NUM_TOKENS = 24
-LENGTHS = [1, 15, 16, 17, 100, 300]
+LENGTHS = [1, 15, 16, 17, 100, 300]  # + NUM_TOKENS within every model's 512 positions
 
 
 def run(path, prompts, dtype):
-    llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype=dtype, max_model_len=1024,
+    llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype=dtype, max_model_len=512,
               num_gpu_blocks_override=512)
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

@@ -10,9 +10,8 @@ weight is spread over many programs:
 - without tensor cores (USE_DOT off; the GEMV case, M = 1) each tile is multiplied by x
   element-wise and summed along K into an fp32 [BLOCK_N] accumulator. Summing every tile (rather
   than once at the end) keeps the accumulator out of the registers, so more programs fit on an SM
-  and more loads are in flight. Triton does not pipeline loads that feed no dot, so the loop loads
-  the next tile by hand before it uses the current one: two tiles in flight per program. With
-  tensor cores (M > 1) the weight is the tall operand, acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows
+  and more loads are in flight (Triton does not pipeline loads that feed no dot, so a program
+  has one tile in flight). With tensor cores (M > 1) the weight is the tall operand, acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows
   padded to BLOCK_M = 16, the least a dot takes, and Triton pipelines the tile loads through
   shared memory (num_stages);
 - with programmatic dependent launch (ops/triton_utils.py) the kernel starts while the previous
@@ -117,6 +116,16 @@ def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
              acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _dot_x(w, x_ptr, rk, K, EVEN_K: tl.constexpr):
+    """[BLOCK_N] fp32: the tile w [BLOCK_N, BLOCK_K] times x's entries rk, summed along K."""
+    if EVEN_K:
+        x = tl.load(x_ptr + rk)
+    else:
+        x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
+    return tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+
+
 @triton.jit(do_not_specialize=["M", "N"])
 def _gemv_kernel(
     x_ptr,  # [M, K]
@@ -175,29 +184,24 @@ def _gemv_kernel(
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
             acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
     else:
-        # Two weight tiles in flight per program: the next one is loaded before this one is
-        # used (Triton does not pipeline loads that feed no dot). The first is loaded before
-        # waiting for the previous kernel: the weights are not something it writes.
+        # The first tile is loaded before waiting for the previous kernel (the weights are not
+        # something it writes), so the weight stream starts under that kernel's tail. One tile in
+        # flight per program after that: a second one (loaded before the current is used) was
+        # measured slower on an H200, the registers it takes cost more programs per SM.
         rk = k_start + tl.arange(0, BLOCK_K)
         if EVEN_K:
             w = tl.load(w_rows + rk[None, :])
         else:
             w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
         pdl_wait(USE_PDL)
-        acc_n = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
+        acc_n = _dot_x(w, x_ptr, rk, K, EVEN_K)
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
-            rk_next = rk + BLOCK_K
             if EVEN_K:
-                # one predicate for the whole tile (a splat), so the loads stay vectorised
-                has_next = (tl.zeros([1, BLOCK_K], dtype=tl.int32) + k0 + BLOCK_K) < k_end
-                w_next = tl.load(w_rows + rk_next[None, :], mask=has_next, other=0.0)
-                x = tl.load(x_ptr + rk)
+                w = tl.load(w_rows + rk[None, :])
             else:
-                w_next = tl.load(w_rows + rk_next[None, :], mask=(rk_next < k_end)[None, :], other=0.0)
-                x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
-            acc_n += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-            w = w_next
+                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+            acc_n += _dot_x(w, x_ptr, rk, K, EVEN_K)
         acc = acc_n[:, None]  # [BLOCK_N, 1]
 
     if SPLIT:
