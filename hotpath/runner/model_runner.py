@@ -7,8 +7,10 @@ are all computed after this step (a prefill's last chunk, or a decode).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -16,6 +18,7 @@ from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.sequence import Sequence
 from hotpath.loader.model_loader import load_model
 from hotpath.ops.backend import use_triton
+from hotpath.ops.sampling import greedy_sample
 from hotpath.runner.forward_batch import ForwardBatch
 from hotpath.runner.sampler import Sampler
 
@@ -25,6 +28,39 @@ class SampledToken:
     token_id: int
     logprob: float
     top_logprobs: list[tuple[int, float]]  # [(token_id, logprob)] best first; empty unless asked
+
+
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+# records a decode forward once: (something to replay it with, its logits output tensor)
+Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replayable, torch.Tensor]]
+
+
+def _capture_cuda_graph(forward: Callable[[], torch.Tensor], pool: tuple) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    forward()  # warm up: Triton compiles and autotunes outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        logits = forward()
+    torch.cuda.synchronize()
+    return graph, logits
+
+
+def is_plain_greedy(seq: Sequence) -> bool:
+    """Whether seq's next token is the plain argmax of its logits: greedy, no penalties, no
+    min_tokens suppression in force and no top logprobs asked for. Such a row needs nothing the
+    Sampler adds, so the decode graph's own argmax (and its logprob) is its token."""
+    p = seq.params
+    return (
+        p.greedy
+        and not p.logprobs  # None or 0: only the sampled token's logprob
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and not (p.min_tokens and seq.stop_token_ids and len(seq.output_token_ids) < p.min_tokens)
+    )
 
 
 class ModelRunner:
@@ -50,7 +86,7 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
         self.sampler = Sampler()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple[Replayable, torch.Tensor]] = {}  # batch size -> (graph, logits)
         # the reference ops read lengths on the host, which a graph capture cannot hold
         if device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device)):
             self._capture_decode_graphs()
@@ -150,6 +186,9 @@ class ModelRunner:
         if graph_size:
             logits = self._run_decode_graph(scheduled, graph_size)
             sampling = [seq for seq, _ in scheduled]
+            if all(is_plain_greedy(seq) for seq in sampling):  # the graph sampled already
+                n = len(sampling)
+                return self._sampled(sampling, self.static["token_ids"][:n], self.static["logprobs"][:n])
         else:
             input_ids, positions, batch, sampling = self._prepare(scheduled)
             hidden = self.model(input_ids, positions, batch)
@@ -165,15 +204,25 @@ class ModelRunner:
             # stop and EOS ids are held back until min_tokens; most requests set none
             [list(s.stop_token_ids) if s.params.min_tokens else [] for s in sampling],
         )
-        token_ids = out.token_ids.tolist()  # the step's one host synchronisation
-        logprobs = out.logprobs.tolist()
-        top_ids = out.top_logprob_ids.tolist() if out.top_logprob_ids is not None else None
-        top_vals = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        return self._sampled(sampling, out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs)
+
+    @staticmethod
+    def _sampled(
+        sampling: list[Sequence],
+        token_ids: torch.Tensor,  # [num_sampled] int64
+        logprobs: torch.Tensor,  # [num_sampled] float32
+        top_ids: torch.Tensor | None = None,  # [num_sampled, k] int64
+        top_logprobs: torch.Tensor | None = None,  # [num_sampled, k] float32
+    ) -> dict[int, SampledToken]:
+        """The step's tokens on the host, by seq_id; `.tolist()` is the step's host sync."""
+        ids, lps = token_ids.tolist(), logprobs.tolist()
+        top_ids = top_ids.tolist() if top_ids is not None else None
+        top_vals = top_logprobs.tolist() if top_logprobs is not None else None
         result = {}
         for i, seq in enumerate(sampling):
             n = seq.params.logprobs or 0
             top = list(zip(top_ids[i][:n], top_vals[i][:n])) if top_ids is not None and n else []
-            result[seq.seq_id] = SampledToken(token_ids[i], logprobs[i], top)
+            result[seq.seq_id] = SampledToken(ids[i], lps[i], top)
         return result
 
     # ---- CUDA graphs for decode ---------------------------------------------------------
@@ -183,12 +232,13 @@ class ModelRunner:
             return 0
         return next((size for size in self.graphs if size >= len(scheduled)), 0)  # ascending
 
-    def _capture_decode_graphs(self) -> None:
-        """Captures model forward + LM head for decode batches of each bucket size.
+    def _capture_decode_graphs(self, capture: Capture | None = None) -> None:
+        """Captures model forward + LM head + greedy sampling for decode batches of each bucket size.
 
         Graphs replay on static buffers: every step copies its token ids, positions, slots, context
         lengths and block tables into them. Rows past the real batch attend to one token in the
-        scratch block, so padding never touches a sequence's cache."""
+        scratch block, so padding never touches a sequence's cache. `capture` records one forward
+        (a CUDA graph by default; tests pass an eager stand-in to run this path on the CPU)."""
         ec = self.engine_config
         max_bs = min(ec.max_num_seqs, 256)
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_bs} | {max_bs})
@@ -202,34 +252,42 @@ class ModelRunner:
             "block_tables": torch.full((max_bs, max_blocks), self.scratch_block, dtype=torch.int32, device=dev),
             "cu_query_lens": torch.arange(max_bs + 1, dtype=torch.int32, device=dev),
             "logits_indices": torch.arange(max_bs, dtype=torch.int64, device=dev),
+            # outputs: each graph's greedy token and its logprob per row
+            "token_ids": torch.zeros(max_bs, dtype=torch.int64, device=dev),
+            "logprobs": torch.zeros(max_bs, dtype=torch.float32, device=dev),
         }
-        st = self.static
-        pool = torch.cuda.graph_pool_handle()
+        if capture is None:
+            pool = torch.cuda.graph_pool_handle()  # shared: graphs never replay at the same time
+
+            def capture(forward: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
+                return _capture_cuda_graph(forward, pool)
         for bs in reversed(sizes):  # largest first, so smaller graphs reuse its memory pool
-            batch = ForwardBatch(
-                cu_query_lens=st["cu_query_lens"][: bs + 1],
-                context_lens=st["context_lens"][:bs],
-                block_tables=st["block_tables"][:bs],
-                slot_mapping=st["slot_mapping"][:bs],
-                logits_indices=st["logits_indices"][:bs],
-                max_query_len=1,
-                # kernels size their grids from this; the longest context keeps every replay valid
-                max_context_len=ec.max_model_len,
-            )
-
-            def forward() -> torch.Tensor:
-                hidden = self.model(st["input_ids"][:bs], st["positions"][:bs], batch)
-                return self.model.compute_logits(hidden)
-
             with torch.inference_mode():
-                forward()  # warm up: Triton compiles and autotunes outside the capture
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    logits = forward()
-            self.graphs[bs] = (graph, logits)
+                self.graphs[bs] = capture(self._decode_forward(bs))
         self.graphs = dict(sorted(self.graphs.items()))  # ascending, for _graph_size
-        torch.cuda.synchronize(dev)
+
+    def _decode_forward(self, bs: int) -> Callable[[], torch.Tensor]:
+        """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on
+        views of the static buffers."""
+        st = self.static
+        batch = ForwardBatch(
+            cu_query_lens=st["cu_query_lens"][: bs + 1],
+            context_lens=st["context_lens"][:bs],
+            block_tables=st["block_tables"][:bs],
+            slot_mapping=st["slot_mapping"][:bs],
+            logits_indices=st["logits_indices"][:bs],
+            max_query_len=1,
+            # kernels size their grids from this; the longest context keeps every replay valid
+            max_context_len=self.engine_config.max_model_len,
+        )
+
+        def forward() -> torch.Tensor:
+            hidden = self.model(st["input_ids"][:bs], st["positions"][:bs], batch)
+            logits = self.model.compute_logits(hidden)  # [bs, vocab]
+            greedy_sample(logits, out=(st["token_ids"][:bs], st["logprobs"][:bs]))
+            return logits
+
+        return forward
 
     def _run_decode_graph(self, scheduled: list[tuple[Sequence, int]], size: int) -> torch.Tensor:
         n = len(scheduled)
