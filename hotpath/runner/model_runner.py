@@ -19,6 +19,7 @@ from hotpath.engine.sequence import Sequence
 from hotpath.loader.model_loader import load_model
 from hotpath.ops.backend import use_triton
 from hotpath.ops.sampling import greedy_sample
+from hotpath.runner.decode_inputs import DecodeInputs
 from hotpath.runner.forward_batch import ForwardBatch
 from hotpath.runner.sampler import Sampler
 
@@ -188,7 +189,8 @@ class ModelRunner:
             sampling = [seq for seq, _ in scheduled]
             if all(is_plain_greedy(seq) for seq in sampling):  # the graph sampled already
                 n = len(sampling)
-                return self._sampled(sampling, self.static["token_ids"][:n], self.static["logprobs"][:n])
+                inputs = self.decode_inputs
+                return self._sampled(sampling, inputs.token_ids[:n], inputs.logprobs[:n])
         else:
             input_ids, positions, batch, sampling = self._prepare(scheduled)
             hidden = self.model(input_ids, positions, batch)
@@ -235,27 +237,16 @@ class ModelRunner:
     def _capture_decode_graphs(self, capture: Capture | None = None) -> None:
         """Captures model forward + LM head + greedy sampling for decode batches of each bucket size.
 
-        Graphs replay on static buffers: every step copies its token ids, positions, slots, context
-        lengths and block tables into them. Rows past the real batch attend to one token in the
-        scratch block, so padding never touches a sequence's cache. `capture` records one forward
-        (a CUDA graph by default; tests pass an eager stand-in to run this path on the CPU)."""
+        Graphs replay on static buffers (runner/decode_inputs.py): every step copies its token ids,
+        positions, slots, context lengths and block tables into them, in one copy. Rows past the
+        real batch attend to one token in the scratch block, so padding never touches a sequence's
+        cache. `capture` records one forward (a CUDA graph by default; tests pass an eager
+        stand-in to run this path on the CPU)."""
         ec = self.engine_config
         max_bs = min(ec.max_num_seqs, 256)
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_bs} | {max_bs})
         max_blocks = -(-ec.max_model_len // self.block_size)
-        dev = self.device
-        self.static = {
-            "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=dev),
-            "positions": torch.zeros(max_bs, dtype=torch.int64, device=dev),
-            "slot_mapping": torch.full((max_bs,), self.scratch_block * self.block_size, dtype=torch.int64, device=dev),
-            "context_lens": torch.ones(max_bs, dtype=torch.int32, device=dev),
-            "block_tables": torch.full((max_bs, max_blocks), self.scratch_block, dtype=torch.int32, device=dev),
-            "cu_query_lens": torch.arange(max_bs + 1, dtype=torch.int32, device=dev),
-            "logits_indices": torch.arange(max_bs, dtype=torch.int64, device=dev),
-            # outputs: each graph's greedy token and its logprob per row
-            "token_ids": torch.zeros(max_bs, dtype=torch.int64, device=dev),
-            "logprobs": torch.zeros(max_bs, dtype=torch.float32, device=dev),
-        }
+        self.decode_inputs = DecodeInputs(max_bs, max_blocks, self.scratch_block, self.block_size, self.device)
         if capture is None:
             pool = torch.cuda.graph_pool_handle()  # shared: graphs never replay at the same time
 
@@ -269,49 +260,21 @@ class ModelRunner:
     def _decode_forward(self, bs: int) -> Callable[[], torch.Tensor]:
         """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on
         views of the static buffers."""
-        st = self.static
-        batch = ForwardBatch(
-            cu_query_lens=st["cu_query_lens"][: bs + 1],
-            context_lens=st["context_lens"][:bs],
-            block_tables=st["block_tables"][:bs],
-            slot_mapping=st["slot_mapping"][:bs],
-            logits_indices=st["logits_indices"][:bs],
-            max_query_len=1,
-            # kernels size their grids from this; the longest context keeps every replay valid
-            max_context_len=self.engine_config.max_model_len,
-        )
+        inputs = self.decode_inputs
+        # kernels size their grids from max_context_len; the longest context keeps every replay valid
+        input_ids, positions, batch = inputs.views(bs, self.engine_config.max_model_len)
 
         def forward() -> torch.Tensor:
-            hidden = self.model(st["input_ids"][:bs], st["positions"][:bs], batch)
+            hidden = self.model(input_ids, positions, batch)
             logits = self.model.compute_logits(hidden)  # [bs, vocab]
-            greedy_sample(logits, out=(st["token_ids"][:bs], st["logprobs"][:bs]))
+            greedy_sample(logits, out=(inputs.token_ids[:bs], inputs.logprobs[:bs]))
             return logits
 
         return forward
 
     def _run_decode_graph(self, scheduled: list[tuple[Sequence, int]], size: int) -> torch.Tensor:
-        n = len(scheduled)
-        bs = self.block_size
-        st = self.static
-        ids, pos, slots, ctx = [], [], [], []
-        max_blocks = 0
-        for seq, _ in scheduled:
-            p = seq.num_tokens - 1
-            ids.append(seq.output_token_ids[-1] if seq.output_token_ids else seq.prompt_token_ids[-1])
-            pos.append(p)
-            slots.append(seq.block_table[p // bs] * bs + p % bs)
-            ctx.append(p + 1)
-            max_blocks = max(max_blocks, len(seq.block_table))
-        table = [seq.block_table + [self.scratch_block] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
-        st["input_ids"][:n].copy_(torch.tensor(ids), non_blocking=True)
-        st["positions"][:n].copy_(torch.tensor(pos), non_blocking=True)
-        st["slot_mapping"][:n].copy_(torch.tensor(slots), non_blocking=True)
-        st["context_lens"][:n].copy_(torch.tensor(ctx, dtype=torch.int32), non_blocking=True)
-        st["block_tables"][:n, :max_blocks].copy_(torch.tensor(table, dtype=torch.int32), non_blocking=True)
-        if size > n:  # padding rows: one token in the scratch block
-            st["slot_mapping"][n:size].fill_(self.scratch_block * bs)
-            st["context_lens"][n:size].fill_(1)
-            st["block_tables"][n:size, 0].fill_(self.scratch_block)
+        seqs = [seq for seq, _ in scheduled]
+        self.decode_inputs.fill(seqs, size)
         graph, logits = self.graphs[size]
         graph.replay()
-        return logits[:n]
+        return logits[: len(seqs)]

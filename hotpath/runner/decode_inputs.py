@@ -1,0 +1,121 @@
+"""The decode graphs' integer inputs in one device buffer, written by one host-to-device copy a step.
+
+A decode step's inputs are a few ints per row (token id, position, cache slot, context length)
+plus the block tables. They are built as one host list and sent in one copy into one int32
+device buffer that every graph's input tensors are views of (offsets in int32 elements):
+
+    [ row sources 2n | block tables n x w | context lens s | positions 2s | slots 2s | token ids ]
+                                                                                     ^ ids_offset
+
+A graph of s rows reads the s context lengths, positions and slots that end at `ids_offset` and
+the first s token ids after it, so every section a step sends is contiguous with the next: the
+step copies the one slice from its first section up to `ids_offset` (+ its token ids). The block
+tables and row sources are sent only when needed and moved into place by the device afterwards.
+
+The int64 inputs (token ids, positions, slots) are pairs of int32 viewed as int64: the host writes
+(value, 0), low word first, which is their little-endian encoding (every CUDA and ROCm host is
+little-endian) for any value below 2**31.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from hotpath.engine.sequence import Sequence
+from hotpath.runner.forward_batch import ForwardBatch
+
+assert sys.byteorder == "little", "the int64 inputs are written as little-endian int32 pairs"
+
+
+def _even(n: int) -> int:
+    return n + (n & 1)
+
+
+def _pairs(values: list[int]) -> list[int]:
+    """int64 values (each < 2**31) as the int32 pairs of their little-endian encoding."""
+    return [half for v in values for half in (v, 0)]
+
+
+class DecodeInputs:
+    def __init__(
+        self, max_rows: int, max_blocks: int, scratch_block: int, block_size: int, device: torch.device
+    ) -> None:
+        self.max_rows = max_rows
+        self.max_blocks = max_blocks
+        self.scratch_block = scratch_block
+        self.block_size = block_size
+        # fresh pinned host memory each step: torch's caching host allocator hands a pinned block
+        # out again only after the copy that reads it has finished, so no step can overwrite the
+        # inputs of one still in flight (a single reused pinned buffer would race)
+        self.pin = device.type == "cuda"
+        # the widest step: every section at max_rows, each padded to an even length
+        self.ids_offset = 2 * max_rows + _even(max_rows * max_blocks) + _even(max_rows) + 4 * max_rows
+        self.buffer = torch.zeros(self.ids_offset + 2 * max_rows, dtype=torch.int32, device=device)
+        # [max_rows] int64: the graphs' input token ids, and where they write their greedy tokens
+        self.token_ids = self.buffer[self.ids_offset :].view(torch.int64)
+        self.logprobs = torch.zeros(max_rows, dtype=torch.float32, device=device)  # greedy logprobs
+        # [max_rows, max_blocks]: rows are as wide as the longest context, so a step's block tables
+        # ([n, w], w = its longest table) are sent compact and copied into place on the device
+        self.block_tables = torch.full((max_rows, max_blocks), scratch_block, dtype=torch.int32, device=device)
+        self.cu_query_lens = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        self.logits_indices = torch.arange(max_rows, dtype=torch.int64, device=device)
+        self._sent_tables: list[list[int]] = []  # the block table rows as last sent
+
+    # ---- the views a graph of `size` rows captures -------------------------------------------
+    def _offsets(self, size: int) -> tuple[int, int, int]:
+        """(context lens, positions, slots) offsets for a graph of `size` rows."""
+        slots = self.ids_offset - 2 * size
+        positions = slots - 2 * size
+        return positions - _even(size), positions, slots
+
+    def views(self, size: int, max_context_len: int) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:
+        """(token ids, positions, batch) of a decode graph of `size` rows."""
+        ctx, pos, slots = self._offsets(size)
+        batch = ForwardBatch(
+            cu_query_lens=self.cu_query_lens[: size + 1],
+            context_lens=self.buffer[ctx : ctx + size],
+            block_tables=self.block_tables[:size],
+            slot_mapping=self.buffer[slots : slots + 2 * size].view(torch.int64),
+            logits_indices=self.logits_indices[:size],
+            max_query_len=1,
+            max_context_len=max_context_len,
+        )
+        return self.token_ids[:size], self.buffer[pos : pos + 2 * size].view(torch.int64), batch
+
+    # ---- one step --------------------------------------------------------------------------
+    def fill(self, seqs: list[Sequence], size: int) -> None:
+        """Writes a decode step's inputs for a graph of `size` rows: row i decodes seqs[i] (the
+        token at its position num_computed_tokens); rows past len(seqs) are padding that attends
+        to one token of the scratch block and writes its K/V there."""
+        n = len(seqs)
+        bs = self.block_size
+        positions = [seq.num_computed_tokens for seq in seqs]
+        pad = size - n
+        head: list[int] = []  # the sections before the context lengths
+        # padding rows get a table of the scratch block alone
+        tables = [seq.block_table for seq in seqs] + [[self.scratch_block]] * pad
+        send_tables = tables != self._sent_tables[:size]
+        if send_tables:
+            width = max(len(t) for t in tables)
+            for t in tables:
+                head += t + [self.scratch_block] * (width - len(t))
+            head += [0] * (len(head) & 1)
+            self._sent_tables = [list(t) for t in tables]
+        ctx = [p + 1 for p in positions] + [1] * pad + [0] * (size & 1)
+        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
+        ids = [seq.token_at(p) for seq, p in zip(seqs, positions)]
+        tail = (
+            ctx
+            + _pairs(positions + [0] * pad)
+            + _pairs(slots + [self.scratch_block * bs] * pad)
+            + _pairs(ids + [0] * pad)
+        )
+        end = self.ids_offset + 2 * size
+        start = end - len(head) - len(tail)
+        host = torch.tensor(head + tail, dtype=torch.int32, pin_memory=self.pin)
+        self.buffer[start:end].copy_(host, non_blocking=True)
+        if send_tables:
+            sent = self.buffer[start : start + size * width].view(size, width)
+            self.block_tables[:size, :width].copy_(sent)

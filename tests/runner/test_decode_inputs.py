@@ -1,0 +1,71 @@
+"""The decode graphs' packed inputs: one host list, one copy, and every graph's views read the
+values the step meant, whatever the graph size, the batch before it and the table widths."""
+
+import torch
+
+from hotpath.engine.sequence import Sequence
+from hotpath.runner.decode_inputs import DecodeInputs
+from hotpath.sampling_params import SamplingParams
+
+BLOCK = 4
+SCRATCH = 99
+
+
+def seq(seq_id: int, prompt: list[int], output: list[int], table: list[int]) -> Sequence:
+    s = Sequence(seq_id=seq_id, request_id=str(seq_id), index=0, prompt_token_ids=prompt,
+                 params=SamplingParams(), max_tokens=100, stop_token_ids=set())
+    s.output_token_ids = list(output)
+    s.block_table = list(table)
+    s.num_computed_tokens = s.num_tokens - 1  # a decode: the last token is the one to compute
+    return s
+
+
+def check(inputs: DecodeInputs, seqs: list[Sequence], size: int) -> None:
+    ids, positions, batch = inputs.views(size, max_context_len=64)
+    n = len(seqs)
+    pad = size - n
+    want_pos = [s.num_tokens - 1 for s in seqs]
+    assert ids[:n].tolist() == [s.all_token_ids[-1] for s in seqs]
+    assert positions.tolist() == want_pos + [0] * pad
+    assert batch.context_lens.tolist() == [p + 1 for p in want_pos] + [1] * pad
+    assert batch.slot_mapping.tolist() == (
+        [s.block_table[p // BLOCK] * BLOCK + p % BLOCK for s, p in zip(seqs, want_pos)]
+        + [SCRATCH * BLOCK] * pad
+    )
+    for i, s in enumerate(seqs):
+        assert batch.block_tables[i, : len(s.block_table)].tolist() == s.block_table
+    assert all(batch.block_tables[i, 0] == SCRATCH for i in range(n, size))
+    assert batch.cu_query_lens.tolist() == list(range(size + 1))
+    assert positions.dtype == batch.slot_mapping.dtype == ids.dtype == torch.int64
+    assert batch.context_lens.dtype == batch.block_tables.dtype == torch.int32
+
+
+def test_steps_of_changing_sizes_and_tables(monkeypatch):
+    inputs = DecodeInputs(max_rows=8, max_blocks=6, scratch_block=SCRATCH, block_size=BLOCK,
+                          device=torch.device("cpu"))
+    copies = []
+    copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, **kw: copies.append(1) or copy(self, src, **kw))
+    a = seq(0, [5, 6, 7], [8, 9], [3, 4])
+    b = seq(1, list(range(10, 21)), [], [0, 1, 2])
+    c = seq(2, [1], [2, 3, 4, 5, 6, 7, 8, 9, 10], [7, 8, 9])
+
+    inputs.fill([a, b, c], 4)
+    check(inputs, [a, b, c], 4)
+    assert len(copies) == 2  # the packed inputs, then the block tables moved into place
+
+    for s, tok in ((a, 11), (b, 12), (c, 13)):  # a decode step later, same tables
+        s.output_token_ids.append(tok)
+        s.num_computed_tokens += 1
+    copies.clear()
+    inputs.fill([a, b, c], 4)
+    check(inputs, [a, b, c], 4)
+    assert len(copies) == 1  # tables unchanged: the one copy
+
+    b.block_table.append(5)  # b needs a new block; a finished: rows shrink to a smaller graph
+    inputs.fill([c, b], 2)
+    check(inputs, [c, b], 2)
+    inputs.fill([c], 1)
+    check(inputs, [c], 1)
+    inputs.fill([b, c, a], 8)  # a bigger graph again: its padding rows must not keep old tables
+    check(inputs, [b, c, a], 8)
