@@ -69,6 +69,65 @@ def check_gated(out, x, weight, tol):
     assert rel_err(out, want) < tol
 
 
+def norm_inputs(M, K, device, seed=1):
+    """An un-normalised input with its RMSNorm statistic and weight (as a previous layer leaves
+    them)."""
+    g = torch.Generator(device).manual_seed(seed)
+    h = torch.randn(M, K, generator=g, device=device) * 3
+    rstd = torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)
+    norm_w = torch.rand(K, generator=g, device=device) + 0.5
+    return h, rstd, norm_w
+
+
+def check_fused_forms(M, N, K, dtype, device, tol, config=None):
+    """rms= prologue (plain and gated) and the residual epilogue, against the reference ops."""
+    from hotpath.ops.linear import triton_gemv
+
+    h, rstd, norm_w = norm_inputs(M, K, device)
+    h, norm_w = h.to(dtype), norm_w.to(dtype)
+    _, weight, _ = inputs(M, 2 * N, K, dtype, device, bias=False)
+    normed = reference.rms_normalize(h, rstd, norm_w)
+    check(triton_gemv.linear(h, weight, config=config, rms=(rstd, norm_w)), normed, weight, None, tol)
+    check_gated(triton_gemv.linear_silu_and_mul(h, weight, config=config, rms=(rstd, norm_w)),
+                normed, weight, tol)
+
+    x, weight, _ = inputs(M, N, K, dtype, device, bias=False, seed=2)
+    residual = torch.randn(M, N, device=device).to(dtype)
+    want = residual.clone()
+    want_rstd = reference.add_residual(reference.linear(x.float(), weight.float()).to(dtype), want, 1e-6)
+    got_rstd = triton_gemv.linear_add_residual(x, weight, residual, 1e-6, config=config)
+    assert rel_err(residual, want) < tol
+    assert rel_err(got_rstd, want_rstd) < tol
+    assert not triton_gemv._counters(x.device).any()
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("M,N,K", [(1, 20, 200), (1, 300, 128), (5, 33, 96)])
+def test_interpreter_fused_norm_and_residual(M, N, K, use_dot, split_k, interpreter, poisoned):
+    if M > 1 and not use_dot:
+        pytest.skip("the element-wise path takes one row")
+    check_fused_forms(M, N, K, torch.float32, "cpu", TOL[torch.float32],
+                      config=split_config(use_dot, split_k))
+
+
+def test_dispatch_fused_forms_reference():
+    """The reference side of the fused forms equals the unfused ops they replace."""
+    from hotpath.ops.norm import reference as norm_reference
+
+    h, rstd, norm_w = norm_inputs(3, 64, "cpu")
+    _, weight, _ = inputs(3, 16, 64, torch.float32, "cpu", bias=False)
+    assert torch.allclose(linear.linear(h, weight, rms=(rstd, norm_w)),
+                          norm_reference.rms_norm(h, norm_w, 1e-6) @ weight.t(), atol=1e-5)
+    residual = torch.randn(3, 16)
+    x, _, _ = inputs(3, 16, 64, torch.float32, "cpu", bias=False)
+    y = x @ weight.t()
+    want_normed, want_sum = norm_reference.fused_add_rms_norm(y, residual.clone(), norm_w[:16], 1e-6)
+    got_rstd = linear.linear_add_residual(x, weight, residual, 1e-6)
+    assert torch.allclose(residual, want_sum, atol=1e-6)
+    assert torch.allclose(reference.rms_normalize(residual, got_rstd, norm_w[:16]), want_normed, atol=1e-5)
+
+
 def test_interpreter_default_config(interpreter, poisoned):
     """choose_config's own choice (split K on this tall, narrow shape), leading dims kept."""
     from hotpath.ops.linear import triton_gemv
@@ -107,7 +166,7 @@ def test_dispatch(monkeypatch):
     from hotpath.ops.linear import triton_gemv
 
     calls = []
-    monkeypatch.setattr(triton_gemv, "linear", lambda *a: calls.append(a) or reference.linear(*a))
+    monkeypatch.setattr(triton_gemv, "linear", lambda *a, **kw: calls.append(a) or reference.linear(*a))
     w16 = torch.randn(8, 32, dtype=torch.bfloat16)
     previous = backend.get_backend()
     try:
@@ -121,7 +180,7 @@ def test_dispatch(monkeypatch):
         assert len(calls) == 2
         linear.linear(torch.randn(6, 32, dtype=torch.bfloat16), tall)  # rows, tall weight
         linear.linear(torch.randn(17, 32, dtype=torch.bfloat16), w16)  # too many rows
-        linear.linear(torch.randn(1, 32), w16.float())  # fp32
+        linear.linear(torch.randn(1, 32, dtype=torch.float64), w16.double())  # fp64
         linear.linear(torch.randn(1, 32, dtype=torch.bfloat16), w16.t().contiguous().t())  # strided
         assert len(calls) == 2
     finally:
@@ -161,6 +220,16 @@ def test_cuda_gated(M, N, K, dtype, poisoned):
 
     x, weight, _ = inputs(M, 2 * N, K, dtype, "cuda", bias=False, seed=N)
     check_gated(triton_gemv.linear_silu_and_mul(x, weight), x, weight, TOL[dtype])
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("N,K", [(1024, 2048), (4096, 12288), (1000, 2050)])
+@pytest.mark.parametrize("M", [1, 3])
+def test_cuda_fused_norm_and_residual(M, N, K, dtype, poisoned):
+    """The rms= prologue and residual epilogue at Qwen3 o_proj / down_proj shapes and an odd one,
+    with choose_config's tiles (split K included)."""
+    check_fused_forms(M, N, K, dtype, "cuda", TOL[dtype])
 
 
 @cuda

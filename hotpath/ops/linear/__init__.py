@@ -19,7 +19,8 @@ from hotpath.ops.linear import reference
 # and 16 rows cuBLAS took up to 18% less time, or (the LM heads) within 3% of the kernel.
 GEMV_MAX_ROWS = 16
 MULTI_ROW_MAX_WEIGHT_ELEMENTS = 1 << 24
-_GEMV_DTYPES = (torch.bfloat16, torch.float16)
+# fp32 too, so that GPU parity tests in fp32 run the decode path's fused forms
+_GEMV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -40,24 +41,46 @@ def linear(
     x: torch.Tensor,  # [..., in_features]
     weight: torch.Tensor,  # [out_features, in_features]
     bias: torch.Tensor | None = None,  # [out_features]
+    rms: tuple[torch.Tensor, torch.Tensor] | None = None,  # (rstd [rows] fp32, norm weight)
 ) -> torch.Tensor:  # [..., out_features]
+    """x @ weight^T (+ bias); with `rms`, of RMSNorm(x) from its precomputed statistic (fused
+    into the GEMV's loads where it runs)."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
 
-        return triton_gemv.linear(x, weight, bias)
+        return triton_gemv.linear(x, weight, bias, rms=rms)
+    if rms is not None:
+        x = reference.rms_normalize(x, *rms)
     return reference.linear(x, weight, bias)
 
 
 def linear_silu_and_mul(
     x: torch.Tensor,  # [..., in_features]
     weight: torch.Tensor,  # [2 * intermediate, in_features] = [gate | up]
+    rms: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # [..., intermediate]
     """silu(x @ gate^T) * (x @ up^T): one fused launch where the GEMV runs, else the two ops."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
 
-        return triton_gemv.linear_silu_and_mul(x, weight)
-    return silu_and_mul(linear(x, weight))
+        return triton_gemv.linear_silu_and_mul(x, weight, rms=rms)
+    return silu_and_mul(linear(x, weight, rms=rms))
 
 
-__all__ = ["linear", "linear_silu_and_mul"]
+def linear_add_residual(
+    x: torch.Tensor,  # [rows, in_features]
+    weight: torch.Tensor,  # [out_features, in_features]
+    residual: torch.Tensor,  # [rows, out_features], updated in place
+    eps: float,
+) -> torch.Tensor:  # [rows] fp32
+    """residual += x @ weight^T; returns the new rows' RMSNorm statistic rstd = 1 / RMS (with
+    eps), gathered in the GEMV's epilogue where it runs, so the next projection can normalise its
+    input as it loads it (`rms=`) and no RMSNorm kernel runs between them."""
+    if use_gemv(x, weight):
+        from hotpath.ops.linear import triton_gemv
+
+        return triton_gemv.linear_add_residual(x, weight, residual, eps)
+    return reference.add_residual(reference.linear(x, weight), residual, eps)
+
+
+__all__ = ["linear", "linear_add_residual", "linear_silu_and_mul"]

@@ -64,9 +64,10 @@ _split_counters: dict[torch.device, torch.Tensor] = {}
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """The device's split-K tile counters: allocated once (zeros), left at zero by every call."""
+    """The device's counters: one per split-K tile, then the residual statistic's; allocated once
+    (zeros), left at zero by every call."""
     if device not in _split_counters:
-        _split_counters[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+        _split_counters[device] = torch.zeros(MAX_SPLIT_TILES + 1, dtype=torch.int32, device=device)
     return _split_counters[device]
 
 
@@ -97,14 +98,17 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
 
 @triton.jit
 def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
-               HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
+               stat_ptr, stat_counter_ptr, rstd_out_ptr, eps,
+               HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+               BLOCK_N: tl.constexpr):
     """acc: [BLOCK_N, BLOCK_M] fp32 sums of this program's (virtual) rows -> out[rm, features]."""
+    dtype = out_ptr.dtype.element_ty
     if GATED:
         # rounded to the output dtype first, as the reference rounds the gate_up projection,
         # then silu(gate) rounded again before the product (torch's silu(gate) * up)
-        gu = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        gu = acc.to(dtype).to(tl.float32)
         gate, up = tl.split(tl.permute(tl.reshape(gu, (BLOCK_N // 2, 2, acc.shape[1])), (0, 2, 1)))
-        silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
         acc = silu * up  # [BLOCK_N // 2, BLOCK_M]
         rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     else:
@@ -112,17 +116,53 @@ def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
     mask = (rn < N)[:, None] & (rm < M)[None, :]
-    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None],
-             acc.to(out_ptr.dtype.element_ty), mask=mask)
+    out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
+    if RESIDUAL:
+        # out is the residual stream: the projection (rounded as the reference rounds it) is
+        # added to it in place, and the sum of squares of the new stream, the next RMSNorm's
+        # statistic, is gathered: each N tile stores its share, and the last tile to finish
+        # adds the shares in a fixed order (a deterministic sum) into rstd
+        h = (acc.to(dtype).to(tl.float32) + tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+        tl.store(out_ptrs, h, mask=mask)
+        hf = tl.where(mask, h.to(tl.float32), 0.0)  # rows past N hold row N - 1's sums
+        tl.store(stat_ptr + pid_n * acc.shape[1] + rm, tl.sum(hf * hf, axis=0))
+        tl.debug_barrier()
+        arrived = tl.atomic_add(stat_counter_ptr, 1, sem="acq_rel", scope="gpu")
+        n_tiles = tl.num_programs(0)
+        if arrived == n_tiles - 1:
+            total = tl.zeros([acc.shape[1]], dtype=tl.float32)
+            for t0 in range(0, n_tiles, 64):
+                t = t0 + tl.arange(0, 64)
+                total += tl.sum(tl.load(stat_ptr + t[:, None] * acc.shape[1] + rm[None, :],
+                                        mask=(t < n_tiles)[:, None], other=0.0, cache_modifier=".cg"),
+                                axis=0)
+            tl.store(rstd_out_ptr + rm, tl.rsqrt(total / N + eps), mask=rm < M)
+            tl.store(stat_counter_ptr, 0)
+    else:
+        tl.store(out_ptrs, acc.to(dtype), mask=mask)
 
 
 @triton.jit
-def _dot_x(w, x_ptr, rk, K, EVEN_K: tl.constexpr):
+def _normed_x(x, rk, norm_w_ptr, rstd, K, EVEN_K: tl.constexpr):
+    """RMSNorm applied to a tile of the un-normalised input, rounding as the reference does:
+    x [.., BLOCK_K] in the input dtype, rstd broadcastable to it -> the same dtype."""
+    if EVEN_K:
+        w = tl.load(norm_w_ptr + rk)
+    else:
+        w = tl.load(norm_w_ptr + rk, mask=rk < K, other=0.0)
+    normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+    return (normed * w.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr, NORM_INPUT: tl.constexpr):
     """[BLOCK_N] fp32: the tile w [BLOCK_N, BLOCK_K] times x's entries rk, summed along K."""
     if EVEN_K:
         x = tl.load(x_ptr + rk)
     else:
         x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
+    if NORM_INPUT:
+        x = _normed_x(x, rk, norm_w_ptr, rstd, K, EVEN_K)
     return tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
 
 
@@ -131,9 +171,15 @@ def _gemv_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K] ([2N, K] = [gate | up] with GATED), K contiguous
     bias_ptr,  # [N] (unused without HAS_BIAS)
-    out_ptr,  # [M, N]
+    out_ptr,  # [M, N]; with RESIDUAL the residual stream, updated in place
     partial_ptr,  # [split_k, M, rows] fp32, rows = N (2N with GATED) (unused without SPLIT)
     counter_ptr,  # [>= cdiv(rows, BLOCK_N)] int32, zero between calls (unused without SPLIT)
+    norm_w_ptr,  # [K] RMSNorm weight applied to x (NORM_INPUT)
+    rstd_in_ptr,  # [M] fp32 RMSNorm statistic of x's rows (NORM_INPUT)
+    stat_ptr,  # [n_tiles, BLOCK_M] fp32 sums of squares by N tile (RESIDUAL)
+    stat_counter_ptr,  # [1] int32, zero between calls (RESIDUAL)
+    rstd_out_ptr,  # [M] fp32 RMSNorm statistic of the new residual rows (RESIDUAL)
+    eps,  # of that RMSNorm
     M,
     N,  # output features
     K,
@@ -143,6 +189,8 @@ def _gemv_kernel(
     stride_om,
     HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,  # out = silu(x @ gate^T) * (x @ up^T)
+    NORM_INPUT: tl.constexpr,  # x := rms_norm(x) with the given statistic and weight
+    RESIDUAL: tl.constexpr,  # out += x @ w^T, and the next RMSNorm's statistic of out
     SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
@@ -172,6 +220,10 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     if USE_DOT:
         pdl_wait(USE_PDL)
+        if NORM_INPUT:
+            rstd = tl.load(rstd_in_ptr + rm, mask=rm < M, other=0.0)[:, None]
+        else:
+            rstd = 1.0
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
@@ -182,6 +234,8 @@ def _gemv_kernel(
                 w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
                 x_mask = x_mask & (rk < K)[None, :]
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
+            if NORM_INPUT:
+                x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, EVEN_K)
             acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
     else:
         # The first tile is loaded before waiting for the previous kernel (the weights are not
@@ -194,14 +248,15 @@ def _gemv_kernel(
         else:
             w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
         pdl_wait(USE_PDL)
-        acc_n = _dot_x(w, x_ptr, rk, K, EVEN_K)
+        rstd = tl.load(rstd_in_ptr) if NORM_INPUT else 1.0
+        acc_n = _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 w = tl.load(w_rows + rk[None, :])
             else:
                 w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
-            acc_n += _dot_x(w, x_ptr, rk, K, EVEN_K)
+            acc_n += _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
         acc = acc_n[:, None]  # [BLOCK_N, 1]
 
     if SPLIT:
@@ -218,10 +273,15 @@ def _gemv_kernel(
                 # .cg: read from L2, where the other programs' stores are, not from this SM's L1
                 total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask, other=0.0,
                                  cache_modifier=".cg")
-            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, HAS_BIAS, GATED, BLOCK_N)
             tl.store(counter_ptr + pid_n, 0)
+            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr,
+                       stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL, BLOCK_N)
     else:
-        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, HAS_BIAS, GATED, BLOCK_N)
+        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr,
+                   stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL, BLOCK_N)
+
+
+RmsInput = tuple[torch.Tensor, torch.Tensor]  # (rstd [M] fp32, RMSNorm weight [K])
 
 
 def linear(
@@ -229,27 +289,45 @@ def linear(
     weight: torch.Tensor,  # [N, K], K contiguous
     bias: torch.Tensor | None = None,  # [N]
     config: GemvConfig | None = None,
+    rms: RmsInput | None = None,
 ) -> torch.Tensor:  # [..., N]
     """x @ weight^T (+ bias) with fp32 accumulation; `config` overrides `choose_config` (the
-    benchmark sweeps it)."""
+    benchmark sweeps it). With `rms`, x is first RMS-normalised with the given statistic."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
-    return _launch(x, weight, bias, False, config)
+    return _launch(x, weight, bias, config, rms=rms)[0]
 
 
 def linear_silu_and_mul(
     x: torch.Tensor,  # [..., K]
     weight: torch.Tensor,  # [2 * N, K] = [gate | up], K contiguous
     config: GemvConfig | None = None,
+    rms: RmsInput | None = None,
 ) -> torch.Tensor:  # [..., N]
     """silu(x @ gate^T) * (x @ up^T), the gated MLP's first half, in one launch: each program
     sums matching gate and up rows, so the product is formed before anything is stored."""
     if weight.shape[0] % 2:
         raise ValueError(f"a [gate | up] weight needs an even number of rows, got {weight.shape[0]}")
-    return _launch(x, weight, None, True, config)
+    return _launch(x, weight, None, config, gated=True, rms=rms)[0]
 
 
-def _launch(x, weight, bias, gated: bool, config: GemvConfig | None) -> torch.Tensor:
+def linear_add_residual(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [N, K], K contiguous
+    residual: torch.Tensor,  # [M, N], updated in place
+    eps: float,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:  # [M] fp32
+    """residual += x @ weight^T; returns the rstd of the new residual rows (1 / RMS, with eps),
+    the statistic the next RMSNorm needs, gathered by the kernel's epilogue."""
+    if residual.shape != (x.shape[0], weight.shape[0]) or residual.stride(-1) != 1:
+        raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{x.shape[0]}, {weight.shape[0]}]")
+    return _launch(x, weight, None, config, residual=residual, eps=eps)[1]
+
+
+def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
+            rms: RmsInput | None = None, residual: torch.Tensor | None = None,
+            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     K = x.shape[-1]
     rows = weight.shape[0]  # the weight's rows: the outputs, or [gate | up]
     N = rows // 2 if gated else rows
@@ -261,33 +339,38 @@ def _launch(x, weight, bias, gated: bool, config: GemvConfig | None) -> torch.Te
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return out.view(*x.shape[:-1], N)
-    if K == 0:
+    out = residual if residual is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    rstd_out = torch.empty(M, dtype=torch.float32, device=x.device) if residual is not None else None
+    if M == 0 or N == 0 or K == 0:
         # no terms: every sum is 0 (silu(0) * 0 = 0), plus the bias
+        assert residual is None and rms is None, "the fused forms are for real projections"
         out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
-        return out.view(*x.shape[:-1], N)
+        return out.view(*x.shape[:-1], N), None
     cfg = config or choose_config(M, rows, K, x.device)
+    assert cfg.block_n % 2 == 0 or not gated
     block_m = DOT_BLOCK_M if cfg.use_dot else 1
     if M > block_m:
         raise ValueError(f"the GEMV kernel takes at most {block_m} rows with this config, got {M}")
     n_tiles = triton.cdiv(rows, cfg.block_n)
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)
+    counters = _counters(x.device)
+    partial = out
     if split > 1:
         if n_tiles > MAX_SPLIT_TILES:
             raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
         partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
-        counters = _counters(x.device)
-    else:
-        partial = counters = out
+    stat = torch.empty((n_tiles, block_m), dtype=torch.float32, device=x.device) if residual is not None else out
+    rstd_in, norm_w = rms if rms is not None else (out, out)
     use_pdl = pdl_enabled(x.device)
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,
+        norm_w, rstd_in, stat, counters[MAX_SPLIT_TILES:], rstd_out if rstd_out is not None else out, eps,
         M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None,
         GATED=gated,
+        NORM_INPUT=rms is not None,
+        RESIDUAL=residual is not None,
         SPLIT=split > 1,
         USE_DOT=cfg.use_dot,
         EVEN_K=K % cfg.block_k == 0,
@@ -300,4 +383,4 @@ def _launch(x, weight, bias, gated: bool, config: GemvConfig | None) -> torch.Te
         num_stages=cfg.num_stages,
         launch_pdl=use_pdl,
     )
-    return out.view(*x.shape[:-1], N)
+    return out.view(*x.shape[:-1], N), rstd_out
