@@ -78,64 +78,6 @@ def test_interpreter_decode_splits(num_splits, interpreter, poisoned):
     check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16)
 
 
-# The split kernel merges in its last program to arrive (per sequence and kv head, through a
-# counter): (query_lens, context_lens, num_splits, kwargs). Contexts shorter than num_splits x 16
-# leave some splits empty (they must still arrive); verify steps put k+1 query tokens of the whole
-# GQA group in one merge; num_warps=1 shrinks the merge's blocks, so it walks several blocks of rows
-# and several chunks of splits, the last ones ragged.
-SPLIT_MERGE_CASES = {
-    "decode_ragged": ([1, 1, 1, 1], [1, 2, 17, 70], 8, {}),
-    "verify_short": ([4, 3, 1], [4, 5, 33], 6, {}),
-    "chunked_merge": ([4, 1, 2], [4, 90, 41], 37, {"num_warps": 1}),
-}
-
-
-@pytest.mark.parametrize("case", list(SPLIT_MERGE_CASES))
-@pytest.mark.parametrize("group,head_dim", [(1, 16), (4, 24), (8, 32)])
-def test_interpreter_decode_split_merge(case, group, head_dim, interpreter, poisoned):
-    from hotpath.ops.attention import triton_decode
-
-    qlens, ctxs, num_splits, kwargs = SPLIT_MERGE_CASES[case]
-    b = paged_batch(qlens, ctxs, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
-                    block_size=4, dtype=torch.float32, device="cpu")
-    check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16, **kwargs)
-
-
-def test_interpreter_decode_split_merge_many_splits(interpreter, poisoned):
-    """More splits than the merge loads LSEs for at once (only a forced num_splits gets here)."""
-    from hotpath.ops.attention import triton_decode
-
-    b = paged_batch([2], [40], num_heads=8, num_kv_heads=1, head_dim=16, block_size=4,
-                    dtype=torch.float32, device="cpu")
-    check_kernel(b, kernel=triton_decode, num_splits=150, block_n=16, num_warps=1)
-
-
-def test_interpreter_decode_counters_left_at_zero(interpreter, poisoned):
-    """The merge counters are shared by every call on a device: each call must leave them at zero,
-    or the next call's last split would not see itself last and its output would stay unwritten
-    (NaN, under `poisoned`)."""
-    from hotpath.ops.attention import triton_decode
-
-    b = paged_batch([1, 3, 1], [3, 20, 50], num_heads=8, num_kv_heads=2, head_dim=16,
-                    block_size=4, dtype=torch.float32, device="cpu")
-    counters = triton_decode._counters(b.q.device)
-    for num_splits in (4, 4, 7, 1, 3):
-        check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16)
-        assert triton_decode._counters(b.q.device) is counters  # one buffer, allocated once
-        assert not counters.any(), f"counters left at {counters.nonzero().flatten().tolist()}"
-
-
-def test_interpreter_decode_too_many_split_groups(interpreter, monkeypatch):
-    from hotpath.ops.attention import triton_decode
-
-    monkeypatch.setattr(triton_decode, "MAX_SPLIT_GROUPS", 5)
-    b = paged_batch([1, 1, 1], [3, 20, 50], num_heads=4, num_kv_heads=2, head_dim=16,
-                    block_size=4, dtype=torch.float32, device="cpu")
-    with pytest.raises(ValueError, match="at most 5"):
-        triton_decode.paged_attention(*b.args(0.3), num_splits=2)
-    check_kernel(b, kernel=triton_decode, num_splits=1)  # one split needs no counter
-
-
 def test_interpreter_decode_graph_sized(interpreter, poisoned):
     """A CUDA graph is captured with max_context_len = max_model_len: the splits sized for that
     must still cover (and spread) each sequence's shorter context."""
