@@ -26,7 +26,7 @@ from hotpath.ops.attention.triton_common import (
     dot_precision,
     next_power_of_2,
 )
-from hotpath.ops.triton_utils import sm_count
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
 
 # Measured on an H200 (hotpath.ops.bench_kernels: batch 1 and 64, Qwen3-8B heads, bf16): decode
 # is bound by how many bytes each SM keeps in flight: 16 KB key tiles (64 keys of head_dim 128; with
@@ -71,7 +71,10 @@ def _decode_split_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr,
     PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -141,7 +144,10 @@ def _decode_merge_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     base = (token * num_heads + head) * num_splits
@@ -234,6 +240,7 @@ def paged_attention(
         part_lse = torch.empty(
             (num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device
         )
+    use_pdl = pdl_enabled(q.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
         out, part_out, part_lse,
@@ -245,14 +252,14 @@ def paged_attention(
         out.stride(0), out.stride(1),
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct,
-        PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if not direct:
         _decode_merge_kernel[(num_tokens, num_heads)](
             part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             SPLITS_PAD=next_power_of_2(num_splits), SPLIT_CHUNK=min(16, next_power_of_2(num_splits)),
-            num_warps=4,
+            USE_PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
         )
     return out
