@@ -83,12 +83,17 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
 
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
-    # From an H200 sweep (hotpath.ops.linear.bench; Qwen3-0.6B and -8B projections and LM heads,
-    # bf16, in CUDA graphs): at M = 1, 8-row x 1024-wide tiles (16 KB, 56 registers a thread, so
-    # many programs per SM) were the fastest or within 3% of it on every shape; at M = 8 and 16,
-    # 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the kernel beats cuBLAS.
+    # From H200 sweeps (hotpath.ops.linear.bench and scripts/gemv_sweep.py; Qwen3-0.6B and -8B
+    # projections and LM heads, bf16, in CUDA graphs, PDL on): at M = 1, 8-row x 1024-wide tiles
+    # (16 KB, 56 registers a thread, so many programs per SM) were the fastest or within 3% of it
+    # on every shape, except that where K >= 2048 gives every program a whole row without
+    # splitting K (Qwen3-8B qkv and gate_up) or the weight is short (N <= 2048: 0.6B o_proj and
+    # down_proj), 8 x 2048 tiles over 8 warps took 3-33% less time. At M = 8 and 16, 32 x 256
+    # tiles in 3 stages were the fastest or within 5% of it where the kernel beats cuBLAS.
     if M == 1:
         block_n, block_k, num_warps, num_stages, use_dot = 8, 1024, 4, 1, False
+        if K >= 2048 and (N <= 2048 or split_for(triton.cdiv(N, 8), K, 2048, device) == 1):
+            block_k, num_warps = 2048, 8
     else:
         block_n, block_k, num_warps, num_stages, use_dot = 32, 256, 4, 3, True
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
