@@ -33,6 +33,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         num_gpu_blocks_override: int | None = None,
         enforce_eager: bool = False,
+        async_scheduling: bool | None = None,
     ) -> None:
         self.engine = Engine(EngineArgs(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, load_format=load_format,
@@ -42,6 +43,7 @@ class LLM:
             skip_tokenizer_init=skip_tokenizer_init,
             gpu_memory_utilization=gpu_memory_utilization,
             num_gpu_blocks_override=num_gpu_blocks_override, enforce_eager=enforce_eager,
+            async_scheduling=async_scheduling,
         ))
         self._request_ids = itertools.count()
 

@@ -34,7 +34,12 @@ def _run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tup
     step_times = []
     last = start
     while engine.has_unfinished_requests():
-        outs = engine.step()  # ends with the host copy of sampled ids: a real sync point
+        # a step that returns tokens has waited for them on the host: a real sync point. Under
+        # async scheduling a call may only launch a step and return none (its tokens come with the
+        # next call), so intervals run from one step with tokens to the next: one token each
+        outs = engine.step()
+        if not outs:
+            continue
         now = time.perf_counter()
         if ttft is None:
             started.update(o.request_id for o in outs)

@@ -26,6 +26,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     enforce_eager: bool = False
+    async_scheduling: bool | None = None  # None: on with a GPU, off on the CPU
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +66,9 @@ class EngineArgs:
                        help="use exactly this many KV cache blocks (testing)")
         g.add_argument("--enforce-eager", action="store_true",
                        help="run decode eagerly instead of replaying captured CUDA graphs")
+        g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                       help="schedule and launch the next greedy decode step while the GPU runs "
+                            "this one (default: on with a GPU)")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

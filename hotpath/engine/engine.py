@@ -18,7 +18,7 @@ from hotpath.engine.kv_cache import KVCacheManager
 from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
-from hotpath.runner.model_runner import ModelRunner, SampledToken
+from hotpath.runner.model_runner import LaunchedStep, ModelRunner, SampledToken, is_plain_greedy
 from hotpath.sampling_params import SamplingParams
 
 logger = logging.getLogger("hotpath")
@@ -95,6 +95,11 @@ class Engine:
         )
         self.scheduler = Scheduler(self.config, self.kv_cache)
         self.requests: dict[str, Request] = {}
+        # async scheduling pays where the device runs apart from the host: on by default on a GPU
+        self.async_scheduling = (
+            self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
+        )
+        self._in_flight: LaunchedStep | None = None  # a launched decode step not collected yet
         self._seq_ids = itertools.count()
         self.eos_token_ids = self._eos_token_ids()
         torch.manual_seed(args.seed)
@@ -207,25 +212,91 @@ class Engine:
 
     # ---- the loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One engine iteration. Returns the requests that produced tokens or finished."""
+        """One engine iteration. Returns the requests that produced tokens or finished.
+
+        With async scheduling, a pure decode step of plain greedy rows stays in flight when this
+        returns: the next call schedules and launches the step after it (whose input tokens are
+        this one's sampled ids, still on the device) and only then waits for this one's tokens, so
+        the host's work overlaps the device's. Anything else runs synchronously, after draining
+        the step in flight. A sequence that finishes in step N was launched once more in step N+1
+        (its stop was not known yet): that token is discarded, never emitted."""
         sched = self.scheduler.schedule()
-        if not sched.scheduled:
-            return []
-        sampled = self.runner.execute(sched.scheduled)
-        for seq, num_new in sched.scheduled:
-            seq.num_computed_tokens += num_new
-            self.kv_cache.cache_full_blocks(seq)
-        now = time.monotonic()
         touched: dict[str, Request] = {}
-        for seq, _ in sched.scheduled:
-            token = sampled.get(seq.seq_id)
-            if token is None:
+        prev, self._in_flight = self._in_flight, None
+        if prev is not None and not self._continues(prev, sched.scheduled):
+            self._collect(prev, touched)  # this step needs every token on the host first
+            prev = None
+        # sequences that finished as the drained step's tokens arrived need nothing more
+        scheduled = [(seq, n) for seq, n in sched.scheduled if not seq.is_finished]
+        if scheduled:
+            overlap = self._can_overlap(scheduled)
+            launched = self._launch(scheduled, prev)
+            if overlap:
+                self._in_flight = launched
+            else:
+                self._collect(launched, touched)
+        if prev is not None:
+            self._collect(prev, touched)
+        return self._outputs(touched)
+
+    def _can_overlap(self, scheduled: list[tuple[Sequence, int]]) -> bool:
+        """Whether this step may run while the host schedules the next one: a decode of plain
+        greedy rows only, whose tokens the next step can take on the device as they are."""
+        return self.async_scheduling and bool(scheduled) and all(
+            n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens and is_plain_greedy(seq)
+            for seq, n in scheduled
+        )
+
+    def _continues(self, prev: LaunchedStep, scheduled: list[tuple[Sequence, int]]) -> bool:
+        """Whether this step can be launched before `prev`'s tokens are on the host: it could
+        overlap, and every row decodes a token prev sampled (a decode the token budget left out
+        of prev has its input token on the host only)."""
+        return self._can_overlap(scheduled) and all(seq.num_pending_tokens for seq, _ in scheduled)
+
+    def _launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None) -> LaunchedStep:
+        launched = self.runner.launch(scheduled, prev)
+        for seq, num_new in scheduled:
+            seq.num_computed_tokens += num_new
+        for seq in launched.sampling:
+            seq.num_pending_tokens += 1
+        return launched
+
+    def _collect(self, launched: LaunchedStep, touched: dict[str, Request]) -> None:
+        """Waits for a launched step's tokens and appends them, checking stops; adds each request
+        that got one to `touched`.
+
+        A sequence found finished here stopped (or was aborted) after this step was launched: its
+        token is dropped. Freeing blocks while steps that use them are in flight is safe:
+        - A sequence that stops here (step N) is in step N+1 too, launched before its stop was
+          known, which still reads its blocks and writes its dropped token's K/V into one of
+          them. The freed blocks can be handed out only by a later schedule(), so only to step
+          N+2 or later, which is launched after N+1 on the same stream and therefore runs after
+          it: no step touches them while N+1 does.
+        - A prefix-cache hit on one of them reads K/V written by steps up to N; N+1's extra write
+          lands past the registered blocks (a block is registered only once its tokens are all
+          on the host, and the dropped token never is).
+        - The same holds for an abort or a preemption between steps: the blocks of a step in
+          flight are reused only by steps queued behind it."""
+        sampled = self.runner.collect(launched)
+        now = time.monotonic()
+        for seq, _ in launched.scheduled:
+            if seq.is_finished:
                 continue
+            # before the token is appended: blocks whose K/V only a step still in flight computes
+            # are registered when that step is collected, as without async scheduling
+            self.kv_cache.cache_full_blocks(seq)
+            token = sampled.get(seq.seq_id)
+            if token is None:  # a prefill chunk: nothing sampled
+                continue
+            seq.num_pending_tokens -= 1
             req = self.requests[seq.request_id]
             self._append_token(req, seq, token)
             if req.first_token_time is None:
                 req.first_token_time = now
             touched[req.request_id] = req
+
+    def _outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
+        now = time.monotonic()
         outputs = []
         for req in touched.values():
             if req.finished:

@@ -118,12 +118,13 @@ class KVCacheManager:
         return block_id
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register seq's blocks that have become full of computed tokens."""
+        """Register seq's blocks that have become full of computed tokens whose ids the host has
+        (under async scheduling a computed token's id may still be on the device)."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         tokens = None
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+        for i in range(len(seq.block_hashes), min(seq.num_computed_tokens, seq.num_known_tokens) // bs):
             if tokens is None:
                 tokens = seq.all_token_ids
             chunk = tuple(tokens[i * bs : (i + 1) * bs])

@@ -7,6 +7,9 @@ Each step:
    takes what the decodes leave, chunk by chunk. When the cache has no block for a sequence, the
    most recently admitted sequence is preempted (its blocks freed; it is recomputed later from its
    tokens).
+   Under async scheduling a step is scheduled while the previous one runs: a sequence's newest
+   token may still be pending on the device (counted by num_tokens all the same), and one whose
+   pending token is its max_tokens-th is skipped, as it will finish when that token arrives.
 2. If nothing was preempted, waiting sequences are admitted in arrival order while the budget, the
    free blocks and max_num_seqs allow, reusing prefix-cached blocks.
 """
@@ -51,6 +54,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_pending_tokens and seq.num_output_tokens >= seq.max_tokens:
+                i += 1  # its last token is being sampled already (async scheduling)
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._allocate_or_preempt(seq, num_new, out):
                 break  # seq itself was preempted, and it was the last running one

@@ -33,7 +33,11 @@ class Sequence:
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or queued on the device)
+    # tokens sampled by launched steps whose ids have not reached the host yet (async scheduling:
+    # the next step may be launched before this one's tokens are collected); counted by
+    # num_tokens, absent from output_token_ids
+    num_pending_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full cached blocks
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first scheduling, for metrics
@@ -44,10 +48,21 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        """Every token the sequence has, on the host or still pending on the device."""
+        return self.num_known_tokens + self.num_pending_tokens
+
+    @property
+    def num_known_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def num_output_tokens(self) -> int:
+        """Generated tokens, the pending ones included."""
+        return len(self.output_token_ids) + self.num_pending_tokens
+
+    @property
     def all_token_ids(self) -> list[int]:
+        """The tokens on the host (pending ones are not)."""
         return self.prompt_token_ids + self.output_token_ids
 
     @property

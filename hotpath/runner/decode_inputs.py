@@ -4,13 +4,15 @@ A decode step's inputs are a few ints per row (token id, position, cache slot, c
 plus the block tables. They are built as one host list and sent in one copy into one int32
 device buffer that every graph's input tensors are views of (offsets in int32 elements):
 
-    [ row sources 2n | block tables n x w | context lens s | positions 2s | slots 2s | token ids ]
+    [ row sources 2n | block tables s x w | context lens s | positions 2s | slots 2s | token ids ]
                                                                                      ^ ids_offset
 
 A graph of s rows reads the s context lengths, positions and slots that end at `ids_offset` and
 the first s token ids after it, so every section a step sends is contiguous with the next: the
 step copies the one slice from its first section up to `ids_offset` (+ its token ids). The block
-tables and row sources are sent only when needed and moved into place by the device afterwards.
+tables are sent only when they changed, and moved into place by the device afterwards. Under
+async scheduling the token ids come from the previous step's sampled ids on the device instead,
+gathered through the row sources when the rows moved.
 
 The int64 inputs (token ids, positions, slots) are pairs of int32 viewed as int64: the host writes
 (value, 0), low word first, which is their little-endian encoding (every CUDA and ROCm host is
@@ -42,8 +44,6 @@ class DecodeInputs:
     def __init__(
         self, max_rows: int, max_blocks: int, scratch_block: int, block_size: int, device: torch.device
     ) -> None:
-        self.max_rows = max_rows
-        self.max_blocks = max_blocks
         self.scratch_block = scratch_block
         self.block_size = block_size
         # fresh pinned host memory each step: torch's caching host allocator hands a pinned block
@@ -85,37 +85,59 @@ class DecodeInputs:
         return self.token_ids[:size], self.buffer[pos : pos + 2 * size].view(torch.int64), batch
 
     # ---- one step --------------------------------------------------------------------------
-    def fill(self, seqs: list[Sequence], size: int) -> None:
+    def fill(
+        self, seqs: list[Sequence], size: int, prev: tuple[torch.Tensor, list[int]] | None = None
+    ) -> None:
         """Writes a decode step's inputs for a graph of `size` rows: row i decodes seqs[i] (the
         token at its position num_computed_tokens); rows past len(seqs) are padding that attends
-        to one token of the scratch block and writes its K/V there."""
+        to one token of the scratch block and writes its K/V there.
+
+        With `prev` = (sampled ids on the device, source rows), row i's token is sampled_ids[
+        source_rows[i]] instead of one from the host (async scheduling: the host has not seen it
+        yet). A graph writes its greedy tokens over its input ids, so after a graph step whose
+        rows stay in place the ids are where they belong already."""
         n = len(seqs)
-        bs = self.block_size
-        positions = [seq.num_computed_tokens for seq in seqs]
-        pad = size - n
-        head: list[int] = []  # the sections before the context lengths
-        # padding rows get a table of the scratch block alone
-        tables = [seq.block_table for seq in seqs] + [[self.scratch_block]] * pad
-        send_tables = tables != self._sent_tables[:size]
-        if send_tables:
-            width = max(len(t) for t in tables)
-            for t in tables:
-                head += t + [self.scratch_block] * (width - len(t))
-            head += [0] * (len(head) & 1)
-            self._sent_tables = [list(t) for t in tables]
-        ctx = [p + 1 for p in positions] + [1] * pad + [0] * (size & 1)
-        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
-        ids = [seq.token_at(p) for seq, p in zip(seqs, positions)]
-        tail = (
-            ctx
-            + _pairs(positions + [0] * pad)
-            + _pairs(slots + [self.scratch_block * bs] * pad)
-            + _pairs(ids + [0] * pad)
+        gather = prev is not None and not (
+            prev[0].data_ptr() == self.token_ids.data_ptr() and prev[1] == list(range(n))
         )
-        end = self.ids_offset + 2 * size
+        head = _pairs(prev[1]) if gather else []  # the sections before the context lengths
+        tables_at = len(head)
+        tables, width = self._changed_tables(seqs, size)
+        head += tables
+        tail = self._row_inputs(seqs, size, with_ids=prev is None)
+        end = self.ids_offset + (2 * size if prev is None else 0)
         start = end - len(head) - len(tail)
         host = torch.tensor(head + tail, dtype=torch.int32, pin_memory=self.pin)
         self.buffer[start:end].copy_(host, non_blocking=True)
-        if send_tables:
-            sent = self.buffer[start : start + size * width].view(size, width)
-            self.block_tables[:size, :width].copy_(sent)
+        if tables:
+            at = start + tables_at
+            self.block_tables[:size, :width].copy_(self.buffer[at : at + size * width].view(size, width))
+        if gather:
+            sources = self.buffer[start : start + 2 * n].view(torch.int64)
+            # through a temporary: the source may be these very ids, in another order
+            self.token_ids[:n].copy_(prev[0].index_select(0, sources))
+
+    def _changed_tables(self, seqs: list[Sequence], size: int) -> tuple[list[int], int]:
+        """The step's block tables as `size` rows of one width (padded to an even length), and that
+        width; ([], 0) when the device holds them already."""
+        # padding rows get a table of the scratch block alone
+        tables = [seq.block_table for seq in seqs] + [[self.scratch_block]] * (size - len(seqs))
+        if tables == self._sent_tables[:size]:
+            return [], 0
+        self._sent_tables = [list(t) for t in tables]
+        width = max(len(t) for t in tables)
+        flat = [b for t in tables for b in t + [self.scratch_block] * (width - len(t))]
+        return flat + [0] * (len(flat) & 1), width
+
+    def _row_inputs(self, seqs: list[Sequence], size: int, with_ids: bool) -> list[int]:
+        """Context lengths, positions, slots (and token ids) of `size` rows, laid out as a graph of
+        that size reads them."""
+        bs = self.block_size
+        pad = size - len(seqs)
+        positions = [seq.num_computed_tokens for seq in seqs]
+        ctx = [p + 1 for p in positions] + [1] * pad + [0] * (size & 1)
+        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
+        rows = ctx + _pairs(positions + [0] * pad) + _pairs(slots + [self.scratch_block * bs] * pad)
+        if with_ids:
+            rows += _pairs([seq.token_at(p) for seq, p in zip(seqs, positions)] + [0] * pad)
+        return rows

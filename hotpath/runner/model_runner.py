@@ -1,8 +1,11 @@
 """ModelRunner: turns a scheduled step into batch tensors, runs the model, samples.
 
 It owns the model, the KV cache tensors and the sampler. The engine hands it
-(sequence, num_new_tokens) pairs and gets back one sampled token per sequence whose known tokens
-are all computed after this step (a prefill's last chunk, or a decode).
+(sequence, num_new_tokens) pairs and gets back one sampled token per sequence whose tokens are
+all computed after this step (a prefill's last chunk, or a decode), in two halves: `launch`
+queues the step on the device and returns at once, `collect` waits for its tokens. Between the two
+the engine may schedule and launch the next decode step, its input tokens read from this step's
+sampled ids on the device (async scheduling).
 """
 
 from __future__ import annotations
@@ -29,6 +32,22 @@ class SampledToken:
     token_id: int
     logprob: float
     top_logprobs: list[tuple[int, float]]  # [(token_id, logprob)] best first; empty unless asked
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device whose sampled tokens are on their way to the host."""
+
+    scheduled: list[tuple[Sequence, int]]
+    sampling: list[Sequence]  # the sequences that sample, in row order
+    token_ids: torch.Tensor | None  # [len(sampling)] int64 on the device: the next step's inputs
+    host: list[torch.Tensor | None]  # token ids, logprobs, top ids, top logprobs, copied to the host
+    done: torch.cuda.Event | None  # recorded after those copies (None off CUDA: already there)
+
+    def rows_of(self, seqs: list[Sequence]) -> list[int]:
+        """The rows that sampled these sequences' tokens in this step."""
+        rows = {s.seq_id: i for i, s in enumerate(self.sampling)}
+        return [rows[s.seq_id] for s in seqs]
 
 
 class Replayable(Protocol):
@@ -60,7 +79,7 @@ def is_plain_greedy(seq: Sequence) -> bool:
         and p.repetition_penalty == 1.0
         and p.presence_penalty == 0.0
         and p.frequency_penalty == 0.0
-        and not (p.min_tokens and seq.stop_token_ids and len(seq.output_token_ids) < p.min_tokens)
+        and not (p.min_tokens and seq.stop_token_ids and seq.num_output_tokens < p.min_tokens)
     )
 
 
@@ -141,7 +160,11 @@ class ModelRunner:
             attn.kv_cache = (k, v)
 
     # ---- one step -------------------------------------------------------------------------
-    def _prepare(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence]]:
+    def _prepare(
+        self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence]]:
+        """The step's flat batch tensors, and the sequences that sample, in row order. A decode
+        row whose input token is still pending takes it from `prev`'s sampled ids on the device."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -149,12 +172,17 @@ class ModelRunner:
         context_lens: list[int] = []
         logits_indices: list[int] = []
         sampling: list[Sequence] = []
+        pending: list[tuple[int, Sequence]] = []  # (token index, sequence) of pending input tokens
         bs = self.block_size
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             end = start + num_new
-            tokens = seq.all_token_ids
-            input_ids.extend(tokens[start:end])
+            if end > seq.num_known_tokens:  # only a decode's one token can be pending
+                assert num_new == 1 and prev is not None, "a pending input token without its step"
+                pending.append((len(input_ids), seq))
+                input_ids.append(0)
+            else:
+                input_ids.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -178,24 +206,35 @@ class ModelRunner:
             max_query_len=max(n for _, n in scheduled),
             max_context_len=max(context_lens),
         )
-        return t(input_ids, torch.int64), t(positions, torch.int64), batch, sampling
+        ids = t(input_ids, torch.int64)  # [num_tokens]
+        if pending:
+            index = t([i for i, _ in pending], torch.int64)
+            rows = t(prev.rows_of([seq for _, seq in pending]), torch.int64)
+            ids[index] = prev.token_ids[rows]
+        return ids, t(positions, torch.int64), batch, sampling
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[int, SampledToken]:
-        """Runs one step; returns the sampled token of each sequence that samples, by seq_id."""
+    def launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queues one step on the device: the forward, the sampling, and the copy of the sampled
+        tokens to the host; returns without waiting for any of it (`collect` waits).
+
+        `prev` is the step launched just before and not collected yet (async scheduling): a row
+        whose input token is a pending token of prev's takes it from prev's sampled ids on the
+        device. Such rows must be plain greedy (is_plain_greedy): the Sampler would read output
+        token lists that lack the pending tokens."""
         graph_size = self._graph_size(scheduled)
         if graph_size:
-            logits = self._run_decode_graph(scheduled, graph_size)
+            logits = self._run_decode_graph(scheduled, graph_size, prev)
             sampling = [seq for seq, _ in scheduled]
             if all(is_plain_greedy(seq) for seq in sampling):  # the graph sampled already
                 n = len(sampling)
                 inputs = self.decode_inputs
-                return self._sampled(sampling, inputs.token_ids[:n], inputs.logprobs[:n])
+                return self._launched(scheduled, sampling, inputs.token_ids[:n], inputs.logprobs[:n])
         else:
-            input_ids, positions, batch, sampling = self._prepare(scheduled)
+            input_ids, positions, batch, sampling = self._prepare(scheduled, prev)
             hidden = self.model(input_ids, positions, batch)
             if not sampling:
-                return {}
+                return LaunchedStep(scheduled, [], None, [], None)
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampled, vocab]
         out = self.sampler(
             logits,
@@ -203,25 +242,48 @@ class ModelRunner:
             [s.prompt_token_ids for s in sampling],
             [s.output_token_ids for s in sampling],
             [s.generator for s in sampling],
-            # stop and EOS ids are held back until min_tokens; most requests set none
-            [list(s.stop_token_ids) if s.params.min_tokens else [] for s in sampling],
+            # stop and EOS ids are held back until min_tokens; most requests set none, and a plain
+            # greedy row has none in force (its output list may lack pending tokens)
+            [list(s.stop_token_ids) if s.params.min_tokens and not is_plain_greedy(s) else []
+             for s in sampling],
         )
-        return self._sampled(sampling, out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs)
+        return self._launched(
+            scheduled, sampling, out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs
+        )
 
-    @staticmethod
-    def _sampled(
+    def _launched(
+        self,
+        scheduled: list[tuple[Sequence, int]],
         sampling: list[Sequence],
         token_ids: torch.Tensor,  # [num_sampled] int64
         logprobs: torch.Tensor,  # [num_sampled] float32
         top_ids: torch.Tensor | None = None,  # [num_sampled, k] int64
         top_logprobs: torch.Tensor | None = None,  # [num_sampled, k] float32
-    ) -> dict[int, SampledToken]:
-        """The step's tokens on the host, by seq_id; `.tolist()` is the step's host sync."""
+    ) -> LaunchedStep:
+        """Starts copying the sampled tensors to the host behind the step's work on the stream."""
+        outputs = [token_ids, logprobs, top_ids, top_logprobs]
+        if self.device.type != "cuda":  # copies, since the graph outputs are rewritten next step
+            host = [t.clone() if t is not None else None for t in outputs]
+            return LaunchedStep(scheduled, sampling, token_ids, host, None)
+        # fresh pinned tensors: the caching host allocator reuses one only after its copy is done
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                if t is not None else None for t in outputs]
+        done = torch.cuda.Event()
+        done.record()
+        return LaunchedStep(scheduled, sampling, token_ids, host, done)
+
+    def collect(self, step: LaunchedStep) -> dict[int, SampledToken]:
+        """Waits for a launched step's tokens; returns each sampling sequence's token, by seq_id."""
+        if step.done is not None:
+            step.done.synchronize()  # the step's one host synchronisation
+        if not step.sampling:
+            return {}
+        token_ids, logprobs, top_ids, top_logprobs = step.host
         ids, lps = token_ids.tolist(), logprobs.tolist()
         top_ids = top_ids.tolist() if top_ids is not None else None
         top_vals = top_logprobs.tolist() if top_logprobs is not None else None
         result = {}
-        for i, seq in enumerate(sampling):
+        for i, seq in enumerate(step.sampling):
             n = seq.params.logprobs or 0
             top = list(zip(top_ids[i][:n], top_vals[i][:n])) if top_ids is not None and n else []
             result[seq.seq_id] = SampledToken(ids[i], lps[i], top)
@@ -272,9 +334,14 @@ class ModelRunner:
 
         return forward
 
-    def _run_decode_graph(self, scheduled: list[tuple[Sequence, int]], size: int) -> torch.Tensor:
+    def _run_decode_graph(
+        self, scheduled: list[tuple[Sequence, int]], size: int, prev: LaunchedStep | None = None
+    ) -> torch.Tensor:
         seqs = [seq for seq, _ in scheduled]
-        self.decode_inputs.fill(seqs, size)
+        if prev is None:
+            self.decode_inputs.fill(seqs, size)
+        else:  # every input token is one prev sampled (they come only from pipelined decodes)
+            self.decode_inputs.fill(seqs, size, (prev.token_ids, prev.rows_of(seqs)))
         graph, logits = self.graphs[size]
         graph.replay()
         return logits[: len(seqs)]

@@ -27,8 +27,8 @@ def eager_capture(forward):
 
 
 def make_llm(path, graphs: bool, **kwargs) -> LLM:
-    llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=256, max_num_seqs=8,
-              **kwargs)
+    kwargs = {"max_num_seqs": 8, **kwargs}
+    llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=256, **kwargs)
     if graphs:
         llm.engine.runner._capture_decode_graphs(capture=eager_capture)
     return llm
@@ -76,6 +76,45 @@ def test_other_rows_sample_the_graph_logits(prompts, params):
     assert generate(make_llm(path, graphs=True), ps, mixed) == want
 
 
+def test_async_scheduling_through_the_graphs(prompts, monkeypatch):
+    """Pipelined graph steps: inputs taken from the previous graph's sampled ids in place, or
+    gathered when rows move (a sequence stopped or reached max_tokens), or from an eager step's
+    sampled ids (a batch past the largest graph)."""
+    path, ps = prompts
+    long_run = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    free = generate(make_llm(path, graphs=False), ps[1:2], long_run)[0][0][0]
+    stop = next(t for i, t in enumerate(free) if i >= 4 and t not in free[:i])  # stops at i + 1
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, stop_token_ids=[stop])
+              for n in (14, 20, 9)] * 2
+    want = generate(make_llm(path, graphs=False), ps * 2, params)
+    llm = make_llm(path, graphs=True, async_scheduling=True, max_num_seqs=6)
+    del llm.engine.runner.graphs[6]  # 5 or 6 rows run eagerly, fewer through graphs
+    inputs = llm.engine.runner.decode_inputs
+    kinds = []
+    fill = inputs.fill
+
+    def fill_and_record(seqs, size, prev=None):
+        if prev is not None:
+            ids, rows = prev
+            in_place = rows == list(range(len(seqs)))
+            graph = ids.data_ptr() == inputs.token_ids.data_ptr()
+            kinds.append("eager" if not graph else "in place" if in_place else "gathered")
+        fill(seqs, size, prev)
+
+    monkeypatch.setattr(inputs, "fill", fill_and_record)
+    assert generate(llm, ps * 2, params) == want
+    assert set(kinds) == {"eager", "in place", "gathered"}
+
+
+def test_async_scheduling_with_decodes_the_budget_left_out(prompts):
+    path, _ = prompts
+    requests = [[5 + i] for i in range(3)]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 10, 10)]
+    want = generate(make_llm(path, graphs=False), requests, params)
+    llm = make_llm(path, graphs=True, async_scheduling=True, max_num_batched_tokens=2)
+    assert generate(llm, requests, params) == want
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_graph_greedy_matches_the_sampler(prompts, dtype):
@@ -92,3 +131,32 @@ def test_cuda_graph_greedy_matches_the_sampler(prompts, dtype):
         assert ids == want_ids
         for t, got, want in zip(ids, lps, want_lps):
             assert abs(got[t].logprob - want[t].logprob) < 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_async_scheduling_matches_sync(tiny_model_factory):
+    """Real CUDA graphs and a real device running ahead of the host: 24 sequences of mixed
+    lengths stop on their own tokens (blocks freed while the next step is in flight and handed to
+    the sequences that follow) or at max_tokens; async scheduling must change nothing."""
+    path, hf_model = tiny_model_factory(MODEL)
+    g = torch.Generator().manual_seed(9)
+    ps = [torch.randint(3, hf_model.config.vocab_size, (int(n),), generator=g).tolist()
+          for n in torch.randint(1, 120, (24,), generator=g)]
+
+    def run(async_scheduling, params):
+        llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype="float32",
+                  max_model_len=256, max_num_seqs=8, num_gpu_blocks_override=64,
+                  async_scheduling=async_scheduling)
+        assert llm.engine.async_scheduling == async_scheduling
+        return generate(llm, ps, params)
+
+    free = run(False, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    params = [SamplingParams(temperature=0, max_tokens=int(m), ignore_eos=True, logprobs=0,
+                             stop_token_ids=[out[0][0][int(m) // 2]] if i % 2 else [])
+              for i, (out, m) in enumerate(zip(free, torch.randint(1, 30, (24,), generator=g)))]
+    want, got = run(False, params), run(True, params)
+    for (ids, _, lps, reason), (want_ids, _, want_lps, want_reason) in zip(
+            [o[0] for o in got], [o[0] for o in want]):
+        assert (ids, reason) == (want_ids, want_reason)
+        for t, a, b in zip(ids, lps, want_lps):
+            assert abs(a[t].logprob - b[t].logprob) < 1e-4

@@ -69,3 +69,22 @@ def test_steps_of_changing_sizes_and_tables(monkeypatch):
     check(inputs, [c], 1)
     inputs.fill([b, c, a], 8)  # a bigger graph again: its padding rows must not keep old tables
     check(inputs, [b, c, a], 8)
+
+
+def test_token_ids_from_the_previous_step():
+    """Async scheduling: the ids come from the previous step's sampled ids on the device, in place
+    when the rows did not move, gathered when they did, or from an eager step's tensor."""
+    inputs = DecodeInputs(max_rows=8, max_blocks=6, scratch_block=SCRATCH, block_size=BLOCK,
+                          device=torch.device("cpu"))
+    a, b, c = (seq(i, [5, 6, 7], [8], [3 + i]) for i in range(3))
+    inputs.fill([a, b, c], 4)
+    inputs.token_ids[:4] = torch.tensor([100, 101, 102, 103])  # what the graph sampled
+    ids, _, _ = inputs.views(2, max_context_len=64)
+    inputs.fill([a, b], 2, (inputs.token_ids[:3], [0, 1]))
+    assert ids.tolist() == [100, 101]
+    inputs.fill([c, a], 2, (inputs.token_ids[:3], [2, 0]))
+    assert ids.tolist() == [102, 100]
+    inputs.fill([b, c], 2, (torch.tensor([7, 8, 9]), [2, 0]))
+    assert ids.tolist() == [9, 7]
+    check_positions = inputs.views(2, max_context_len=64)[1]
+    assert check_positions.tolist() == [b.num_computed_tokens, c.num_computed_tokens]
