@@ -37,17 +37,3 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
-
-
-def pack_weights(layers: list[Linear]) -> torch.Tensor:
-    """Moves the layers' weights into one new flat buffer, in the order given (each weight
-    becomes a view of it), and returns the buffer: a decode step can then prefetch weights it
-    reads one after another as one contiguous range. Call before the weights are loaded."""
-    weights = [layer.weight for layer in layers]
-    arena = torch.empty(sum(w.numel() for w in weights), dtype=weights[0].dtype,
-                        device=weights[0].device)
-    start = 0
-    for w in weights:
-        w.data = arena[start : start + w.numel()].view(w.shape)
-        start += w.numel()
-    return arena

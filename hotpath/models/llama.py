@@ -15,10 +15,9 @@ from hotpath.config import ModelConfig
 from hotpath.layers.activation import GatedMLP
 from hotpath.layers.attention import Attention
 from hotpath.layers.embedding import LMHead, VocabEmbedding
-from hotpath.layers.linear import Linear, pack_weights
+from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
-from hotpath.ops.backend import l2_prefetch_bytes
 from hotpath.ops.linear import linear, linear_add_residual, linear_silu_and_mul, use_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
 from hotpath.runner.forward_batch import ForwardBatch
@@ -47,14 +46,9 @@ class SelfAttention(nn.Module):
         return self.o_proj(self.attend(positions, self.qkv_proj(x), batch))
 
     def attend(
-        self,
-        positions: torch.Tensor,
-        qkv: torch.Tensor,
-        batch: ForwardBatch,
-        prefetch_l2: torch.Tensor | None = None,
+        self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [num_tokens, q_size]
-        """Attention from the q/k/v projections, this step's k/v written to the cache;
-        `prefetch_l2`, weights read after attention, are brought into L2 meanwhile."""
+        """Attention from the q/k/v projections, this step's k/v written to the cache."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
@@ -67,7 +61,7 @@ class SelfAttention(nn.Module):
         # QK-norm (Qwen3), RoPE, and this step's k/v into the cache, in one fused op
         q = qk_norm_rope_and_cache(
             q, k, v, positions, self.rotary.cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
-            *qk_norm, prefetch_l2=prefetch_l2,
+            *qk_norm,
         )
         return self.attn.attend(q, batch).reshape(-1, self.q_size)
 
@@ -79,10 +73,6 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(cfg, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
-        # o_proj, gate_up and down_proj in one buffer, in the order a step reads them, so a
-        # one-token step can prefetch the start of it into L2 while attention leaves HBM idle
-        self.post_attention_weights = pack_weights(
-            [self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj])
 
     def forward(
         self,
@@ -107,7 +97,6 @@ class DecoderLayer(nn.Module):
         rstd: torch.Tensor,  # [1] fp32, h's RMSNorm statistic
         batch: ForwardBatch,
         next_eps: float,  # of the RMSNorm after this layer
-        prefetch_elems: int,  # of post_attention_weights to prefetch into L2 during attention
     ) -> torch.Tensor:  # [1] fp32, the new h's statistic
         """`forward` for a one-token step, where every projection is a GEMV: each RMSNorm is
         applied as the next projection loads its input (from the statistic the previous one's
@@ -116,8 +105,7 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias,
                      rms=(rstd, self.input_layernorm.weight))
-        out = attn.attend(positions, qkv, batch,
-                          prefetch_l2=self.post_attention_weights[:prefetch_elems])
+        out = attn.attend(positions, qkv, batch)
         rstd = linear_add_residual(out, attn.o_proj.weight, h, self.post_attention_layernorm.eps)
         y = linear_silu_and_mul(h, mlp.gate_up_proj.weight,
                                 rms=(rstd, self.post_attention_layernorm.weight))
@@ -149,10 +137,9 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:  # [1, hidden]
         eps = self.layers[0].input_layernorm.eps
         rstd = torch.rsqrt(h.float().pow(2).mean(-1) + eps)  # [1]; later ones come from epilogues
-        prefetch_elems = l2_prefetch_bytes(h) // h.element_size()
         for i, layer in enumerate(self.layers):
             following = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            rstd = layer.forward_one_row(positions, h, rstd, batch, following.eps, prefetch_elems)
+            rstd = layer.forward_one_row(positions, h, rstd, batch, following.eps)
         return self.norm(h)
 
 

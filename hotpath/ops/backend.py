@@ -53,21 +53,3 @@ def use_triton(x: torch.Tensor) -> bool:
             raise RuntimeError("HOTPATH_OPS=triton but the triton package is not installed")
         return True
     return False
-
-
-_l2_bytes: dict[int, int] = {}
-
-
-def l2_prefetch_bytes(x: torch.Tensor) -> int:
-    """How many bytes of upcoming weights a batch-1 decode step asks to have brought into L2
-    while attention runs (see ops/triton_utils.py): half the device's L2, leaving room for what
-    the step's own kernels touch; 0 off the GPU. HOTPATH_L2_PREFETCH_MB overrides it (0 turns the
-    prefetch off, for A/B timing)."""
-    if not x.is_cuda:
-        return 0
-    if "HOTPATH_L2_PREFETCH_MB" in os.environ:
-        return int(float(os.environ["HOTPATH_L2_PREFETCH_MB"]) * 2**20)
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if index not in _l2_bytes:
-        _l2_bytes[index] = torch.cuda.get_device_properties(index).L2_cache_size // 2
-    return _l2_bytes[index]

@@ -90,33 +90,3 @@ def pdl_launch_dependents(USE_PDL: tl.constexpr):
     """Lets the next kernel on the stream begin launching (no-op without PDL)."""
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-
-
-# ---- L2 prefetch ------------------------------------------------------------------------------
-# A batch-1 decode step leaves HBM idle between its projections (attention and the small kernels
-# move little data), while each projection streams its weight at the HBM rate. A kernel on the
-# idle stretch can ask the memory system to bring the weights read next into L2 (Hopper's bulk
-# prefetch: fire and forget, nothing waits for it), so that the next projection reads them from
-# L2. Weights are written by no kernel, so a PDL kernel may issue this before its wait.
-PREFETCH_PROGRAMS = 32  # programs a kernel adds to its grid to issue a prefetch
-PREFETCH_LANES = 128  # chunks per program, one per thread
-
-
-def prefetch_plan(nbytes: int) -> int:
-    """The chunk size that splits `nbytes` (a multiple of 16) over the prefetch programs' lanes:
-    a multiple of 16 bytes, as the bulk prefetch requires."""
-    lanes = PREFETCH_PROGRAMS * PREFETCH_LANES
-    return -(-nbytes // (lanes * 16)) * 16
-
-
-@triton.jit
-def l2_prefetch(ptr, nbytes, chunk_bytes, program, LANES: tl.constexpr):
-    """Program `program` of the prefetch programs asks for its LANES chunks of the byte range
-    [ptr, ptr + nbytes) to be brought into L2 (ptr is a byte pointer, 16-byte aligned)."""
-    lane = tl.arange(0, LANES)
-    start = (program * LANES + lane).to(tl.int64) * chunk_bytes
-    size = tl.minimum(tl.maximum(nbytes - start, 0), chunk_bytes).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr + start, size], dtype=tl.int32, is_pure=False, pack=1,
-    )

@@ -15,7 +15,7 @@ def cos_sin(max_positions, rotary_dim, device):
 
 
 def check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim, qk_norm, dtype, device,
-                layout="nhd", block_size=16, prefetch_l2=None):
+                layout="nhd", block_size=16):
     g = torch.Generator().manual_seed(1)
     # q, k, v as the model has them: strided views into one qkv projection output
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
@@ -35,7 +35,7 @@ def check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim, qk_no
     caches = [empty_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, device, layout)
               for _ in range(4)]
     got = rotary.qk_norm_rope_and_cache(q, k, v, positions, table, caches[0], caches[1], slots,
-                                        *weights, 1e-6, prefetch_l2=prefetch_l2)
+                                        *weights, 1e-6)
     want = reference.qk_norm_rope_and_cache(q, k, v, positions, table, caches[2], caches[3],
                                             slots, *weights, 1e-6)
     assert got.dtype == want.dtype and got.shape == want.shape
@@ -63,16 +63,3 @@ def test_cuda_fused(num_heads, num_kv_heads, head_dim, dtype, qk_norm, layout, g
     for num_tokens in (1, 333):
         check_fused(num_tokens, num_heads, num_kv_heads, head_dim, head_dim, qk_norm, dtype,
                     "cuda", layout)
-
-
-@cuda
-@pytest.mark.parametrize("nbytes", [16, 1000 * 16, 40 * 2**20 + 48])
-def test_cuda_fused_with_l2_prefetch(nbytes, gpu_triton, poisoned):
-    """The prefetch programs (a hint on Hopper, skipped elsewhere) change nothing else, whatever
-    the range's size (one chunk, ragged chunks, more than L2)."""
-    weights = torch.randn(nbytes // 2, device="cuda").to(torch.bfloat16)
-    before = weights.clone()
-    for num_tokens in (1, 5):
-        check_fused(num_tokens, 32, 8, 128, 128, True, torch.bfloat16, "cuda", prefetch_l2=weights)
-    torch.cuda.synchronize()
-    assert torch.equal(weights, before)

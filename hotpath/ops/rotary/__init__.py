@@ -21,17 +21,14 @@ def qk_norm_rope_and_cache(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
-    prefetch_l2: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """See reference.qk_norm_rope_and_cache. `prefetch_l2` (contiguous) is a hint: where the
-    kernel can, it also brings that tensor's bytes into L2 (the weights read next, see
-    hotpath/ops/triton_utils.py)."""
+    """See reference.qk_norm_rope_and_cache."""
     args = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
             q_norm_weight, k_norm_weight, eps)
     if backend.use_triton(q):
         from hotpath.ops.rotary import triton as kernels
 
-        return kernels.qk_norm_rope_and_cache(*args, prefetch_l2=prefetch_l2)
+        return kernels.qk_norm_rope_and_cache(*args)
     return reference.qk_norm_rope_and_cache(*args)
 
 

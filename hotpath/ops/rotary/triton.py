@@ -13,16 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import (
-    PREFETCH_LANES,
-    PREFETCH_PROGRAMS,
-    l2_prefetch,
-    pdl_enabled,
-    pdl_launch_dependents,
-    pdl_wait,
-    prefetch_plan,
-    tl_dtype,
-)
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, tl_dtype
 
 
 @triton.jit
@@ -97,11 +88,7 @@ def _qk_norm_rope_cache_kernel(
     slot_mapping_ptr,
     q_weight_ptr,
     k_weight_ptr,
-    prefetch_ptr,  # bytes to bring into L2 (PREFETCH)
-    prefetch_bytes,
-    prefetch_chunk,
     eps,
-    num_tokens,
     num_heads,
     num_kv_heads,
     stride_qt,
@@ -132,40 +119,10 @@ def _qk_norm_rope_cache_kernel(
     REST: tl.constexpr,
     REST_PAD: tl.constexpr,
     USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,  # programs past the tokens' prefetch the weights read next
-    PREFETCH_LANES: tl.constexpr,
 ):
     pdl_launch_dependents(USE_PDL)
-    token = tl.program_id(0).to(tl.int64)
-    if token >= num_tokens:  # only with PREFETCH
-        if PREFETCH:
-            # no wait: these only prefetch weights, and the token programs' wait keeps this
-            # kernel from completing before the previous one
-            l2_prefetch(prefetch_ptr, prefetch_bytes, prefetch_chunk, token - num_tokens,
-                        PREFETCH_LANES)
-    else:
-        _qk_norm_rope_cache_token(
-            q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, cos_sin_ptr,
-            slot_mapping_ptr, q_weight_ptr, k_weight_ptr, eps, token, num_heads, num_kv_heads,
-            stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-            stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch, stride_cs,
-            HAS_NORM, Q_NORM_DTYPE, K_NORM_DTYPE, BLOCK_SIZE, HEADS_PAD, KV_HEADS_PAD, HEAD_DIM,
-            HEAD_DIM_PAD, HALF, HALF_PAD, REST, REST_PAD, USE_PDL,
-        )
-
-
-@triton.jit
-def _qk_norm_rope_cache_token(
-    q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, cos_sin_ptr,
-    slot_mapping_ptr, q_weight_ptr, k_weight_ptr, eps, token, num_heads, num_kv_heads,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch, stride_cs,
-    HAS_NORM: tl.constexpr, Q_NORM_DTYPE: tl.constexpr, K_NORM_DTYPE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr,
-    HALF_PAD: tl.constexpr, REST: tl.constexpr, REST_PAD: tl.constexpr, USE_PDL: tl.constexpr,
-):
     pdl_wait(USE_PDL)
+    token = tl.program_id(0).to(tl.int64)
     cos, sin = _load_cos_sin(cos_sin_ptr, positions_ptr, token, stride_cs, HALF, HALF_PAD)
     _norm_rope_heads(
         q_ptr + token * stride_qt, stride_qh, q_out_ptr + token * stride_ot, stride_oh, num_heads,
@@ -208,7 +165,6 @@ def qk_norm_rope_and_cache(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
-    prefetch_l2: torch.Tensor | None = None,  # contiguous; its bytes are brought into L2
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -223,20 +179,10 @@ def qk_norm_rope_and_cache(
         return q_out
     heads_pad = triton.next_power_of_2(num_heads)
     use_pdl = pdl_enabled(q.device)
-    # the prefetch is Hopper's (PDL's condition too); elsewhere it is skipped, being only a hint
-    prefetch = prefetch_l2 is not None and use_pdl and prefetch_l2.numel() > 0
-    if prefetch:
-        assert prefetch_l2.is_contiguous()
-        prefetch_bytes = prefetch_l2.numel() * prefetch_l2.element_size()
-        prefetch_bytes -= prefetch_bytes % 16
-        prefetch_args = (prefetch_l2.view(-1).view(torch.uint8), prefetch_bytes, prefetch_plan(prefetch_bytes))
-    else:
-        prefetch_args = (q, 0, 0)
-    grid = (num_tokens + (PREFETCH_PROGRAMS if prefetch else 0),)
-    _qk_norm_rope_cache_kernel[grid](
+    _qk_norm_rope_cache_kernel[(num_tokens,)](
         q, k, v, q_out, k_cache, v_cache, positions, cos_sin_cache, slot_mapping,
-        q_norm_weight if has_norm else q, k_norm_weight if has_norm else k, *prefetch_args, eps,
-        num_tokens, num_heads, num_kv_heads,
+        q_norm_weight if has_norm else q, k_norm_weight if has_norm else k, eps,
+        num_heads, num_kv_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -246,8 +192,7 @@ def qk_norm_rope_and_cache(
         BLOCK_SIZE=k_cache.shape[1], HEADS_PAD=heads_pad,
         KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim), HALF=half, HALF_PAD=half_pad,
-        REST=rest, REST_PAD=rest_pad, USE_PDL=use_pdl, PREFETCH=prefetch,
-        PREFETCH_LANES=PREFETCH_LANES,
+        REST=rest, REST_PAD=rest_pad, USE_PDL=use_pdl,
         num_warps=4 if heads_pad * head_dim <= 4096 else 8, launch_pdl=use_pdl,
     )
     return q_out
