@@ -49,7 +49,8 @@ def drive(engine: Engine, requests: list, abort_after: dict | None = None, late:
                 engine.abort_request(out.request_id)
             for (rid, k), request in list(late.items()):
                 if rid == out.request_id and emitted >= k:
-                    engine.add_request(*late.pop((rid, k)))
+                    del late[rid, k]
+                    engine.add_request(*request)
     assert not late and all(s.num_pending_tokens == 0 for s in engine.scheduler.running)
     return history
 
@@ -244,3 +245,16 @@ def test_off_by_default_on_the_cpu(model):
     path, _, _ = model
     engine = Engine(EngineArgs(model=str(path), device="cpu", skip_tokenizer_init=True, max_model_len=64))
     assert not engine.async_scheduling
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_latency_bench_counts_every_token_once(model, async_scheduling):
+    """The latency bench times intervals between steps that return tokens: one interval per
+    token after the first, whether or not a step returns before its tokens are collected."""
+    from hotpath.bench.latency import _run_batch
+
+    path, prompts, _ = model
+    engine = make_engine(path, async_scheduling)
+    ttft, steps = _run_batch(engine, prompts[:3], 9)
+    assert ttft > 0 and len(steps) == 8 and all(t > 0 for t in steps)
+    assert engine._in_flight is None  # the last tokens were collected, nothing left running
