@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hotpath.ops.attention import paged_attention, write_kv_cache
+from hotpath.ops.attention import paged_attention, rope_and_paged_attention, write_kv_cache
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -43,6 +43,27 @@ class Attention(nn.Module):
         return paged_attention(
             q, k_cache, v_cache, batch.cu_query_lens, batch.context_lens, batch.block_tables,
             self.scale, batch.max_query_len, batch.max_context_len,
+        )
+
+    def rope_and_attend(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim], before QK-norm and RoPE
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], before QK-norm and RoPE
+        v: torch.Tensor,
+        positions: torch.Tensor,  # [num_tokens] int64
+        cos_sin_cache: torch.Tensor,  # [max_positions, rotary_dim] fp32
+        q_norm_weight: torch.Tensor | None,
+        k_norm_weight: torch.Tensor | None,
+        eps: float,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Optional QK-norm, RoPE, this step's k and v into the cache, then attention (one
+        kernel for decode steps on the GPU; see ops/attention.rope_and_paged_attention)."""
+        k_cache, v_cache = self.caches()
+        return rope_and_paged_attention(
+            q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
+            q_norm_weight, k_norm_weight, eps, batch.cu_query_lens, batch.context_lens,
+            batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len,
         )
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,6 @@ from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.ops.linear import linear, linear_add_residual, linear_silu_and_mul, use_gemv
-from hotpath.ops.rotary import qk_norm_rope_and_cache
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -57,13 +56,10 @@ class SelfAttention(nn.Module):
             qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         else:
             qk_norm = (None, None, 0.0)
-        k_cache, v_cache = self.attn.caches()
-        # QK-norm (Qwen3), RoPE, and this step's k/v into the cache, in one fused op
-        q = qk_norm_rope_and_cache(
-            q, k, v, positions, self.rotary.cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
-            *qk_norm,
-        )
-        return self.attn.attend(q, batch).reshape(-1, self.q_size)
+        # QK-norm (Qwen3), RoPE and this step's k/v into the cache, fused with the attention
+        # itself for decode steps on the GPU
+        out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch)
+        return out.reshape(-1, self.q_size)
 
 
 class DecoderLayer(nn.Module):

@@ -96,6 +96,76 @@ def test_interpreter_prefill_small_tiles(interpreter, poisoned):
     check_kernel(b, kernel=triton_prefill, config=(16, 16, 4, 2))
 
 
+def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, device,
+                     num_splits=None, layout="nhd"):
+    """rope_and_paged_attention (one decode kernel) against qk_norm_rope_and_cache then attention,
+    both in the reference: the output, and every cache slot (the new tokens' keys and values)."""
+    from hotpath.ops.attention import triton_decode
+    from hotpath.ops.rotary import reference as rotary_reference
+
+    b = paged_batch(qlens, ctxs, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                    block_size=4, dtype=dtype, device=device, layout=layout, seed=len(qlens))
+    g = torch.Generator().manual_seed(7)
+    num_tokens = b.q.shape[0]
+    k_new = torch.randn(num_tokens, 2, head_dim, generator=g).to(device, dtype)
+    v_new = torch.randn(num_tokens, 2, head_dim, generator=g).to(device, dtype)
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(qlens, ctxs)]).to(device)
+    seq_of = torch.repeat_interleave(torch.arange(len(qlens)), torch.tensor(qlens)).to(device)
+    slots = b.block_tables[seq_of, positions // 4].long() * 4 + positions % 4
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.arange(512).float()[:, None] * inv_freq[None, :]
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+    weights = (None, None)
+    if qk_norm:
+        weights = tuple((1 + 0.2 * torch.randn(head_dim, generator=g)).to(device, dtype) for _ in range(2))
+    want_k, want_v = b.k_cache.clone(), b.v_cache.clone()
+    q = rotary_reference.qk_norm_rope_and_cache(b.q, k_new, v_new, positions, cos_sin, want_k, want_v,
+                                                slots, *weights, 1e-6)
+    want = reference.paged_attention(q.float(), want_k.float(), want_v.float(), b.cu_query_lens,
+                                     b.context_lens, b.block_tables, 0.3, b.max_query_len,
+                                     b.max_context_len)
+    rope = (k_new, v_new, cos_sin, *weights, 1e-6)
+    got = triton_decode.paged_attention(b.q, b.k_cache, b.v_cache, b.cu_query_lens, b.context_lens,
+                                        b.block_tables, 0.3, b.max_query_len, b.max_context_len,
+                                        num_splits=num_splits, rope=rope)
+    assert rel_err(got, want) < TOL[dtype]
+    for got_cache, want_cache in ((b.k_cache, want_k), (b.v_cache, want_v)):
+        assert torch.equal(got_cache.isnan(), want_cache.isnan())  # the same slots written
+        written = ~want_cache.isnan()
+        assert rel_err(got_cache[written], want_cache[written]) < TOL[dtype] / 4
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 7])
+@pytest.mark.parametrize("qk_norm,head_dim,rotary_dim", [(True, 16, 16), (False, 24, 16)])
+def test_interpreter_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim, interpreter,
+                                       poisoned):
+    """Decodes at block boundaries and a verify step whose new tokens straddle splits."""
+    check_rope_fused([1, 4, 1, 3], [1, 9, 17, 30], 2, head_dim, rotary_dim, qk_norm,
+                     torch.float32, "cpu", num_splits)
+
+
+def test_interpreter_rope_fused_dispatch(interpreter, poisoned):
+    """rope_and_paged_attention: the fused kernel for decode-sized steps, the two ops beyond."""
+    from hotpath.ops.rotary import reference as rotary_reference
+
+    for qlens, ctxs in (([1, 2], [5, 9]), ([12, 3], [20, 3])):
+        b = paged_batch(qlens, ctxs, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                        dtype=torch.float32, device="cpu")
+        k_new, v_new = torch.randn(sum(qlens), 2, 16), torch.randn(sum(qlens), 2, 16)
+        positions = torch.cat([torch.arange(c - q, c) for q, c in zip(qlens, ctxs)])
+        seq_of = torch.repeat_interleave(torch.arange(len(qlens)), torch.tensor(qlens))
+        slots = b.block_tables[seq_of, positions // 4].long() * 4 + positions % 4
+        cos_sin = torch.randn(64, 16)
+        want_k, want_v = b.k_cache.clone(), b.v_cache.clone()
+        q = rotary_reference.qk_norm_rope_and_cache(b.q, k_new, v_new, positions, cos_sin, want_k,
+                                                    want_v, slots)
+        want = reference.paged_attention(q, want_k, want_v, *b.args(0.3)[3:])
+        got = attention.rope_and_paged_attention(b.q, k_new, v_new, positions, cos_sin, b.k_cache,
+                                                 b.v_cache, slots, None, None, 1e-6,
+                                                 *b.args(0.3)[3:])
+        assert rel_err(got, want) < 1e-5
+
+
 def test_interpreter_write_kv_cache(interpreter):
     """Also: the kernel skips a negative slot (the reference needs slots >= 0), rather than
     writing out of bounds."""
@@ -163,6 +233,15 @@ def test_cuda_decode_forced_splits(num_splits, gpu_triton, poisoned):
     b = paged_batch([1, 3, 1], [100, 5000, 17], num_heads=32, num_kv_heads=8, head_dim=128,
                     block_size=16, dtype=torch.bfloat16, device="cuda")
     check_kernel(b, kernel=triton_decode, num_splits=num_splits)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("qk_norm,head_dim,rotary_dim", [(True, 128, 128), (False, 64, 64), (True, 80, 40)])
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+def test_cuda_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim, dtype, gpu_triton, poisoned):
+    check_rope_fused([1, 4, 1, 3, 1], [1, 9, 17, 300, 64], 4, head_dim, rotary_dim, qk_norm,
+                     dtype, "cuda", num_splits, layout="hnd")
 
 
 @cuda

@@ -55,4 +55,42 @@ def paged_attention(
     return reference.paged_attention(*args)
 
 
-__all__ = ["paged_attention", "write_kv_cache"]
+def rope_and_paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim], raw projection (any token/head strides)
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], raw
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    positions: torch.Tensor,  # [num_tokens] int64
+    cos_sin_cache: torch.Tensor,  # [max_positions, rotary_dim] fp32
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+    q_norm_weight: torch.Tensor | None,  # [head_dim]; Qwen3's per-head RMSNorm, or None
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    cu_query_lens: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    scale: float,
+    max_query_len: int,
+    max_context_len: int,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """qk_norm_rope_and_cache, then paged_attention. For decode-sized steps on the GPU the
+    decode kernel does both in one launch; it derives each token's position and cache slot from
+    its sequence's context length and block table (the last query_len positions), which is how
+    the engine builds `positions` and `slot_mapping`."""
+    if backend.use_triton(q) and max_query_len <= DECODE_MAX_QUERY_LEN:
+        from hotpath.ops.attention import triton_decode
+
+        return triton_decode.paged_attention(
+            q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
+            max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps),
+        )
+    from hotpath.ops.rotary import qk_norm_rope_and_cache
+
+    q = qk_norm_rope_and_cache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                               q_norm_weight, k_norm_weight, eps)
+    return paged_attention(q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale,
+                           max_query_len, max_context_len)
+
+
+__all__ = ["paged_attention", "rope_and_paged_attention", "write_kv_cache"]

@@ -39,6 +39,77 @@ MAX_SPLITS = 128
 TILE_BYTES = 64 * 128 * 2
 
 @triton.jit
+def _norm_rope_rows(
+    base,  # [R, 1] pointers to each row's head_dim values
+    row_ok,  # [R, 1] bool
+    pos,  # [R, 1] int64 position of each row
+    d,  # [HEAD_DIM_PAD] arange
+    cos_sin_ptr,  # [max_positions, 2 * HALF] fp32: cos then sin
+    stride_cs,
+    norm_w_ptr,  # [HEAD_DIM] (HAS_NORM)
+    eps,
+    HAS_NORM: tl.constexpr,
+    HALF: tl.constexpr,  # rotary_dim / 2; dims past rotary_dim pass through
+    HEAD_DIM: tl.constexpr,
+):
+    """[R, HEAD_DIM_PAD] rows after Qwen3's per-head RMSNorm (optional) and RoPE (GPT-NeoX
+    rotate-half), rounding as ops/rotary's reference does. Each element is paired with its
+    rotation partner by a second load, so the tile keeps its natural column order."""
+    dim_ok = d[None, :] < HEAD_DIM
+    rotated = d[None, :] < 2 * HALF
+    partner = tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))[None, :]
+    x = tl.load(base + d[None, :], mask=row_ok & dim_ok, other=0.0)
+    xp = tl.load(base + partner, mask=row_ok & dim_ok, other=0.0)
+    dtype = x.dtype
+    xf = x.to(tl.float32)
+    xpf = xp.to(tl.float32)
+    if HAS_NORM:
+        rstd = tl.rsqrt(tl.sum(xf * xf, 1) / HEAD_DIM + eps)[:, None]
+        w = tl.load(norm_w_ptr + d[None, :], mask=dim_ok, other=0.0).to(tl.float32)
+        wp = tl.load(norm_w_ptr + partner, mask=dim_ok, other=0.0).to(tl.float32)
+        xf = ((xf * rstd).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
+        xpf = ((xpf * rstd).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
+    j = (d % HALF)[None, :]
+    cs = cos_sin_ptr + pos * stride_cs
+    cos = tl.load(cs + j, mask=row_ok & rotated, other=1.0)
+    sin = tl.load(cs + HALF + j, mask=row_ok & rotated, other=0.0)
+    sign = tl.where(d < HALF, -1.0, 1.0)[None, :]
+    return tl.where(rotated, xf * cos + sign * xpf * sin, xf).to(dtype)
+
+
+@triton.jit
+def _write_new_kv(
+    k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh,
+    k_cache_ptr, v_cache_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    block_table, q_start, q_len, ctx, start, end, kv_head, d,
+    cos_sin_ptr, stride_cs, k_norm_w_ptr, eps,
+    HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """This step's keys (normalised and rotated) and values of one kv head go into the cache, for
+    the new positions inside [start, end): the split that reads a position writes it, so no other
+    program depends on the write."""
+    t = tl.arange(0, BLOCK_T)
+    pos = ctx - q_len + t
+    mine = ((t < q_len) & (pos >= start) & (pos < end))[:, None]
+    token = (q_start + t).to(tl.int64)[:, None]
+    pos = pos.to(tl.int64)[:, None]
+    k = _norm_rope_rows(k_new_ptr + token * stride_knt + kv_head * stride_knh, mine, pos, d,
+                        cos_sin_ptr, stride_cs, k_norm_w_ptr, eps, HAS_NORM, HALF, HEAD_DIM)
+    v = tl.load(v_new_ptr + token * stride_vnt + kv_head * stride_vnh + d[None, :],
+                mask=mine & (d[None, :] < HEAD_DIM), other=0.0)
+    block = tl.load(block_table + pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
+    row = pos % BLOCK_SIZE
+    mask = mine & (d[None, :] < HEAD_DIM)
+    tl.store(k_cache_ptr + block * stride_kb + row * stride_kt + kv_head * stride_kh + d[None, :],
+             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + block * stride_vb + row * stride_vt + kv_head * stride_vh + d[None, :],
+             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    # the tiles below read these rows back: the block's stores first
+    tl.debug_barrier()
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -49,6 +120,12 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32
     part_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32, log2 units
+    k_new_ptr,  # [num_tokens, num_kv_heads, HEAD_DIM] this step's keys, before norm/RoPE (ROPE)
+    v_new_ptr,  # [num_tokens, num_kv_heads, HEAD_DIM] (ROPE)
+    cos_sin_ptr,  # [max_positions, rotary_dim] fp32 (ROPE)
+    q_norm_w_ptr,  # [HEAD_DIM] (ROPE and HAS_NORM)
+    k_norm_w_ptr,
+    norm_eps,
     scale_log2,
     num_heads,
     num_splits,
@@ -63,6 +140,11 @@ def _decode_split_kernel(
     stride_bt,
     stride_ot,
     stride_oh,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
+    stride_cs,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -72,6 +154,10 @@ def _decode_split_kernel(
     DIRECT: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
+    ROPE: tl.constexpr,  # q, k_new and v_new are raw projections: norm, rotate and cache them here
+    HAS_NORM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # >= the longest query
 ):
     pdl_launch_dependents(USE_PDL)
     pdl_wait(USE_PDL)
@@ -90,11 +176,12 @@ def _decode_split_kernel(
     d = tl.arange(0, HEAD_DIM_PAD)
     row_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     token = (q_start + tok).to(tl.int64)
-    q = tl.load(
-        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_mask,
-        other=0.0,
-    )
+    q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
+    if ROPE:
+        q = _norm_rope_rows(q_rows, row_ok[:, None], q_pos.to(tl.int64)[:, None], d, cos_sin_ptr,
+                            stride_cs, q_norm_w_ptr, norm_eps, HAS_NORM, HALF, HEAD_DIM)
+    else:
+        q = tl.load(q_rows + d[None, :], mask=row_mask, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -103,6 +190,14 @@ def _decode_split_kernel(
     split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
     start = split * split_len
     end = tl.minimum(start + split_len, ctx)
+    if ROPE:
+        _write_new_kv(
+            k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh,
+            k_cache_ptr, v_cache_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+            stride_vh, block_table, q_start, q_len, ctx, start, end, kv_head, d,
+            cos_sin_ptr, stride_cs, k_norm_w_ptr, norm_eps, HAS_NORM, HALF, BLOCK_T, BLOCK_SIZE,
+            HEAD_DIM,
+        )
     for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
@@ -211,8 +306,15 @@ def paged_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
+    rope: tuple | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify)."""
+    """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
+
+    With `rope` = (k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps), q, k and v are the raw
+    projections of this step's tokens and the kernel first does what qk_norm_rope_and_cache does
+    (QK-norm when the weights are given, RoPE, k and v into the cache), positions and cache slots
+    being the last query_len of each sequence's context, through its block table. One launch
+    fewer per layer."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -241,18 +343,32 @@ def paged_attention(
             (num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device
         )
     use_pdl = pdl_enabled(q.device)
+    if rope is not None:
+        k_new, v_new, cos_sin, q_norm_w, k_norm_w, norm_eps = rope
+        assert k_new.stride(2) == 1 and v_new.stride(2) == 1 and cos_sin.stride(1) == 1
+        assert cos_sin.shape[1] % 2 == 0 and cos_sin.shape[1] <= head_dim
+        has_norm = q_norm_w is not None
+        rope_args = (k_new, v_new, cos_sin, q_norm_w if has_norm else q,
+                     k_norm_w if has_norm else q, norm_eps)
+        rope_strides = (k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+                        cos_sin.stride(0))
+        half = cos_sin.shape[1] // 2
+    else:
+        has_norm, half = False, 1
+        rope_args, rope_strides = (q, q, q, q, q, 0.0), (0, 0, 0, 0, 0)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
-        out, part_out, part_lse,
+        out, part_out, part_lse, *rope_args,
         scale * LOG2E, num_heads, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), *rope_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct,
-        PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl,
+        PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
+        HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if not direct:
