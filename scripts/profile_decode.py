@@ -28,7 +28,9 @@ def main() -> None:
     out = Path(ns.out)
     engine = Engine(EngineArgs(model=str(preset_dir(ns.preset)), load_format="dummy",
                                skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=1,
-                               enable_prefix_caching=False, num_gpu_blocks_override=128))
+                               enable_prefix_caching=False, num_gpu_blocks_override=128,
+                               # the eager forward below needs no step in flight
+                               async_scheduling=False))
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
     engine.add_request("r", {"prompt_token_ids": list(range(100, 612))}, params)
     for _ in range(20):

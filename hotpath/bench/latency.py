@@ -59,6 +59,7 @@ def run_hotpath(ns: argparse.Namespace, model_dir: str) -> dict:
         max_model_len=max(total_len + 16, 64), enable_prefix_caching=False,
         max_num_seqs=max(ns.batch_size, 1), num_gpu_blocks_override=blocks,
         max_num_batched_tokens=max(8192, ns.input_len), enforce_eager=ns.enforce_eager,
+        async_scheduling=ns.async_scheduling,
     )
     say(f"loading hotpath engine ({ns.load_format} weights) and capturing CUDA graphs")
     engine = Engine(args)
@@ -196,5 +197,8 @@ def add_parser(sub) -> None:
     p.add_argument("--compare", choices=["hf"], default=None,
                    help="also time HF transformers (eager) on the same config in this process")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap the host's work for step N+1 with step N on the GPU "
+                        "(default: on with a GPU)")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
     p.set_defaults(func=main)
