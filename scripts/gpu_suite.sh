@@ -18,6 +18,9 @@ if [[ $what == *" decode "* || $what == *" all "* ]]; then
   bench --preset qwen3-8b --batch-size 1 --input-len 512 --output-len 256 --compare hf --json "$OUT/qwen3-8b_bs1.json"
   bench --preset qwen3-0.6b --batch-size 1 --input-len 512 --output-len 256 --json "$OUT/qwen3-0.6b_bs1.json"
   bench --preset qwen3-8b --batch-size 64 --input-len 1024 --output-len 64 --json "$OUT/qwen3-8b_bs64.json"
+  # the host's share: the batch-1 lines again with the engine's host work not overlapped
+  bench --preset qwen3-8b --batch-size 1 --input-len 512 --output-len 256 --no-async-scheduling --json "$OUT/qwen3-8b_bs1_sync.json"
+  bench --preset qwen3-0.6b --batch-size 1 --input-len 512 --output-len 256 --no-async-scheduling --json "$OUT/qwen3-0.6b_bs1_sync.json"
 fi
 if [[ $what == *" prefill "* || $what == *" all "* ]]; then
   bench --preset qwen3-8b --batch-size 1 --input-len 8192 --output-len 8 --json "$OUT/qwen3-8b_prefill8k.json"
