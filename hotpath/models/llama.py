@@ -97,7 +97,8 @@ class DecoderLayer(nn.Module):
         """`forward` for a one-token step, where every projection is a GEMV: each RMSNorm is
         applied as the next projection loads its input (from the statistic the previous one's
         epilogue gathered while adding into the residual), and SiLU-and-mul is fused into
-        gate_up. Four launches per layer besides attention, rather than nine."""
+        gate_up: four GEMV launches and attention's two (QK-norm and RoPE included) per layer,
+        rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
         qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias,
                      rms=(rstd, self.input_layernorm.weight))

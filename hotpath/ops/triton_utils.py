@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -47,8 +49,8 @@ def row_warps(block: int) -> int:
 # On Hopper and later a kernel launched with PDL may start while the kernel before it on the
 # stream is still running: its programs become resident as the previous kernel's programs finish,
 # and can read whatever the previous kernels do not write (the weights) before waiting. A decode
-# step is a chain of ~10 kernels per layer, each a few microseconds long, so the launch latency
-# and the tail of every kernel are a large share of it; PDL overlaps them.
+# step is a chain of several kernels per layer, each a few microseconds long, so the launch
+# latency and the tail of every kernel are a large share of it; PDL overlaps them.
 #
 # The contract, for every kernel launched with `launch_pdl=pdl_enabled(...)`:
 #   - call `pdl_launch_dependents(USE_PDL)` early (lets the next kernel start launching once every
@@ -68,8 +70,6 @@ def pdl_enabled(device: torch.device) -> bool:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _pdl:
-        import os
-
         _pdl[index] = (
             os.environ.get("HOTPATH_PDL", "1") != "0"
             and torch.cuda.get_device_capability(index)[0] >= 9

@@ -12,6 +12,14 @@ The number of splits is fixed on the host (from the batch size and max_context_l
 captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
 context over them on the device: a short context in a graph sized for a long one still uses all
 its splits rather than leaving the work to the first.
+
+With ROPE the kernel also does what ops/rotary's qk_norm_rope_and_cache does before it, saving that
+launch in decode: each program normalises and rotates its query rows as it loads them, and the
+program whose split holds a new position writes that token's rotated key and its value into the
+cache before reading its tiles (a block barrier orders the two; no other program reads those rows).
+
+Merging the splits inside this kernel instead (the last split of a (sequence, kv head) to finish
+merges them) was measured slower on the H200: one program then reads every split's partials.
 """
 
 from __future__ import annotations

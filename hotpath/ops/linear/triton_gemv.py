@@ -11,15 +11,20 @@ weight is spread over many programs:
   element-wise and summed along K into an fp32 [BLOCK_N] accumulator. Summing every tile (rather
   than once at the end) keeps the accumulator out of the registers, so more programs fit on an SM
   and more loads are in flight (Triton does not pipeline loads that feed no dot, so a program
-  has one tile in flight). With tensor cores (M > 1) the weight is the tall operand, acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows
-  padded to BLOCK_M = 16, the least a dot takes, and Triton pipelines the tile loads through
-  shared memory (num_stages);
+  has one tile in flight). With tensor cores (M > 1) the weight is the tall operand,
+  acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows padded to BLOCK_M = 16, the least a dot takes, and
+  Triton pipelines the tile loads through shared memory (num_stages);
 - with programmatic dependent launch (ops/triton_utils.py) the kernel starts while the previous
   kernel finishes, and its first weight tile is already loading when it waits for that kernel's
   output: the ramp-up of the weight stream hides under the previous kernel's tail;
 - the gated MLP's gate_up projection can run fused with SiLU-and-mul (GATED): a program's rows are
   pairs (gate row f, up row f), so it forms silu(gate) * up for its outputs itself, saving a launch
   and the [M, 2N] intermediate;
+- the RMSNorms between projections fold in (see DecoderLayer.forward_one_row): with `rms` the
+  kernel normalises x's tiles as it loads them, from a statistic computed before; with a residual
+  (linear_add_residual) it adds its output into the residual stream in place and gathers that
+  statistic for the next norm: each N tile stores its rows' sum of squares, and the last tile to
+  finish (one more counter) adds them in a fixed order, so the result does not depend on timing;
 - a short, wide weight (o_proj, down_proj of a small model: few rows, long K) gives too few
   programs, so K is split until there are several programs per SM. Each split writes an fp32
   partial sum; the last program of an N tile to finish (a counter per tile, bumped atomically, says
