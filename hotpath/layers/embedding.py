@@ -26,4 +26,4 @@ class LMHead(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.weight).float()
+        return linear(hidden, self.weight, out_dtype=torch.float32)

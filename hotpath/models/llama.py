@@ -90,7 +90,7 @@ class DecoderLayer(nn.Module):
         self,
         positions: torch.Tensor,
         h: torch.Tensor,  # [1, hidden], the residual stream, updated in place
-        rstd: torch.Tensor,  # [1] fp32, h's RMSNorm statistic
+        rstd: torch.Tensor | None,  # [1] fp32, h's RMSNorm statistic (None: not gathered yet)
         batch: ForwardBatch,
         next_eps: float,  # of the RMSNorm after this layer
     ) -> torch.Tensor:  # [1] fp32, the new h's statistic
@@ -100,8 +100,11 @@ class DecoderLayer(nn.Module):
         gate_up: four GEMV launches and attention's two (QK-norm and RoPE included) per layer,
         rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
-        qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                     rms=(rstd, self.input_layernorm.weight))
+        if rstd is None:  # the first layer: its input norm is a launch of its own
+            qkv = attn.qkv_proj(self.input_layernorm(h))
+        else:
+            qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                         rms=(rstd, self.input_layernorm.weight))
         out = attn.attend(positions, qkv, batch)
         rstd = linear_add_residual(out, attn.o_proj.weight, h, self.post_attention_layernorm.eps)
         y = linear_silu_and_mul(h, mlp.gate_up_proj.weight,
@@ -132,8 +135,7 @@ class DecoderModel(nn.Module):
     def _forward_one_row(
         self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [1, hidden]
-        eps = self.layers[0].input_layernorm.eps
-        rstd = torch.rsqrt(h.float().pow(2).mean(-1) + eps)  # [1]; later ones come from epilogues
+        rstd = None  # the statistics come from the projections' epilogues
         for i, layer in enumerate(self.layers):
             following = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             rstd = layer.forward_one_row(positions, h, rstd, batch, following.eps)

@@ -187,6 +187,12 @@ def test_dispatch(monkeypatch):
         backend.set_backend(previous)
 
 
+def test_reference_out_dtype():
+    x, weight, b = inputs(3, 5, 7, torch.float32, "cpu", bias=True)
+    out = linear.linear(x, weight, b, out_dtype=torch.float64)
+    assert out.dtype == torch.float64 and torch.equal(out, (x @ weight.t() + b).double())
+
+
 def test_reference_is_f_linear():
     x, weight, b = inputs(3, 5, 7, torch.float32, "cpu", bias=True)
     assert torch.equal(reference.linear(x, weight, b), x @ weight.t() + b)
@@ -260,6 +266,19 @@ def test_cuda_split_k_repeated_and_in_graph(use_dot, gpu_triton):
         graph.replay()
         check(out, x, weight, b, TOL[torch.bfloat16])
     assert not triton_gemv._counters(x.device).any()
+
+
+@cuda
+@pytest.mark.parametrize("M", [1, 4])
+def test_cuda_fp32_output_of_bf16(M, poisoned):
+    """out_dtype=fp32 (the LM head's logits): the bf16 projection's values, stored as fp32."""
+    from hotpath.ops.linear import triton_gemv
+
+    x, weight, b = inputs(M, 1000, 2048, torch.bfloat16, "cuda", bias=True)
+    out = triton_gemv.linear(x, weight, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, out.to(torch.bfloat16).float())  # rounded to bf16 first
+    check(out.to(torch.bfloat16), x, weight, b, TOL[torch.bfloat16])
 
 
 @cuda

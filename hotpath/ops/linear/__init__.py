@@ -42,16 +42,19 @@ def linear(
     weight: torch.Tensor,  # [out_features, in_features]
     bias: torch.Tensor | None = None,  # [out_features]
     rms: tuple[torch.Tensor, torch.Tensor] | None = None,  # (rstd [rows] fp32, norm weight)
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., out_features]
     """x @ weight^T (+ bias); with `rms`, of RMSNorm(x) from its precomputed statistic (fused
-    into the GEMV's loads where it runs)."""
+    into the GEMV's loads where it runs). The result has x's dtype's values, stored as
+    `out_dtype` (e.g. fp32 logits: the GEMV writes them directly, no conversion launch)."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
 
-        return triton_gemv.linear(x, weight, bias, rms=rms)
+        return triton_gemv.linear(x, weight, bias, rms=rms, out_dtype=out_dtype)
     if rms is not None:
         x = reference.rms_normalize(x, *rms)
-    return reference.linear(x, weight, bias)
+    out = reference.linear(x, weight, bias)
+    return out if out_dtype is None else out.to(out_dtype)
 
 
 def linear_silu_and_mul(

@@ -110,7 +110,7 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
 def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
                stat_ptr, stat_counter_ptr, rstd_out_ptr, eps,
                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+               ROUND_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc: [BLOCK_N, BLOCK_M] fp32 sums of this program's (virtual) rows -> out[rm, features]."""
     dtype = out_ptr.dtype.element_ty
     if GATED:
@@ -149,7 +149,9 @@ def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
             tl.store(rstd_out_ptr + rm, tl.rsqrt(total / N + eps), mask=rm < M)
             tl.store(stat_counter_ptr, 0)
     else:
-        tl.store(out_ptrs, acc.to(dtype), mask=mask)
+        # rounded to the input dtype even into a wider output (fp32 logits of a bf16 model), so
+        # the values are those of the reference's projection, converted
+        tl.store(out_ptrs, acc.to(ROUND_DTYPE).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -285,10 +287,12 @@ def _gemv_kernel(
                                  cache_modifier=".cg")
             tl.store(counter_ptr + pid_n, 0)
             _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr,
-                       stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL, BLOCK_N)
+                       stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL,
+                       x_ptr.dtype.element_ty, BLOCK_N)
     else:
         _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr,
-                   stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL, BLOCK_N)
+                   stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL,
+                   x_ptr.dtype.element_ty, BLOCK_N)
 
 
 RmsInput = tuple[torch.Tensor, torch.Tensor]  # (rstd [M] fp32, RMSNorm weight [K])
@@ -300,12 +304,14 @@ def linear(
     bias: torch.Tensor | None = None,  # [N]
     config: GemvConfig | None = None,
     rms: RmsInput | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., N]
     """x @ weight^T (+ bias) with fp32 accumulation; `config` overrides `choose_config` (the
-    benchmark sweeps it). With `rms`, x is first RMS-normalised with the given statistic."""
+    benchmark sweeps it). With `rms`, x is first RMS-normalised with the given statistic. The
+    result is rounded to x's dtype, then stored as `out_dtype` (default: x's)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
-    return _launch(x, weight, bias, config, rms=rms)[0]
+    return _launch(x, weight, bias, config, rms=rms, out_dtype=out_dtype)[0]
 
 
 def linear_silu_and_mul(
@@ -337,7 +343,8 @@ def linear_add_residual(
 
 def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
             rms: RmsInput | None = None, residual: torch.Tensor | None = None,
-            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            eps: float = 0.0, out_dtype: torch.dtype | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     K = x.shape[-1]
     rows = weight.shape[0]  # the weight's rows: the outputs, or [gate | up]
     N = rows // 2 if gated else rows
@@ -349,7 +356,10 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    out = residual if residual is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if residual is not None:
+        out = residual
+    else:
+        out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     rstd_out = torch.empty(M, dtype=torch.float32, device=x.device) if residual is not None else None
     if M == 0 or N == 0 or K == 0:
         # no terms: every sum is 0 (silu(0) * 0 = 0), plus the bias
