@@ -32,31 +32,31 @@ def split_config(use_dot, split_k, block_k=64):
 
 
 # ---- CPU: the kernel under TRITON_INTERPRET=1, fp32, small shapes -----------------------------
-@pytest.mark.parametrize("use_dot", [False, True])
+def with_paths(shapes):
+    """Each (M, ...) shape with both paths where both apply: the element-wise one takes one row."""
+    return [(*shape, use_dot) for shape in shapes for use_dot in (False, True)
+            if use_dot or shape[0] == 1]
+
+
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize(
-    "M,N,K,bias",
-    [(1, 40, 200, True), (1, 16, 128, False), (3, 33, 96, False), (16, 17, 130, True)],
+    "M,N,K,bias,use_dot",
+    with_paths([(1, 40, 200, True), (1, 16, 128, False), (3, 33, 96, False), (16, 17, 130, True)]),
 )
 def test_interpreter(M, N, K, bias, use_dot, split_k, interpreter, poisoned):
     from hotpath.ops.linear import triton_gemv
 
-    if M > 1 and not use_dot:
-        pytest.skip("the element-wise path takes one row")
     x, weight, b = inputs(M, N, K, torch.float32, "cpu", bias)
     out = triton_gemv.linear(x, weight, b, config=split_config(use_dot, split_k))
     check(out, x, weight, b, TOL[torch.float32])
 
 
-@pytest.mark.parametrize("use_dot", [False, True])
 @pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("M,N,K", [(1, 20, 200), (1, 8, 128), (5, 33, 96)])
+@pytest.mark.parametrize("M,N,K,use_dot", with_paths([(1, 20, 200), (1, 8, 128), (5, 33, 96)]))
 def test_interpreter_gated(M, N, K, use_dot, split_k, interpreter, poisoned):
     """linear_silu_and_mul: gate and up rows paired per program, odd N included."""
     from hotpath.ops.linear import triton_gemv
 
-    if M > 1 and not use_dot:
-        pytest.skip("the element-wise path takes one row")
     x, weight, _ = inputs(M, 2 * N, K, torch.float32, "cpu", bias=False)
     out = triton_gemv.linear_silu_and_mul(x, weight, config=split_config(use_dot, split_k))
     check_gated(out, x, weight, TOL[torch.float32])
@@ -101,12 +101,9 @@ def check_fused_forms(M, N, K, dtype, device, tol, config=None):
     assert not triton_gemv._counters(x.device).any()
 
 
-@pytest.mark.parametrize("use_dot", [False, True])
 @pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("M,N,K", [(1, 20, 200), (1, 300, 128), (5, 33, 96)])
+@pytest.mark.parametrize("M,N,K,use_dot", with_paths([(1, 20, 200), (1, 300, 128), (5, 33, 96)]))
 def test_interpreter_fused_norm_and_residual(M, N, K, use_dot, split_k, interpreter, poisoned):
-    if M > 1 and not use_dot:
-        pytest.skip("the element-wise path takes one row")
     check_fused_forms(M, N, K, torch.float32, "cpu", TOL[torch.float32],
                       config=split_config(use_dot, split_k))
 
