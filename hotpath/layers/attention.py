@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hotpath.ops.attention import paged_attention, rope_and_paged_attention, write_kv_cache
+from hotpath.ops.attention import rope_and_paged_attention
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -19,31 +19,6 @@ class Attention(nn.Module):
         # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]; bound by the
         # model runner once it knows how many blocks fit.
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def forward(
-        self,
-        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        """Writes this step's k and v into the cache, then attends."""
-        k_cache, v_cache = self.caches()
-        write_kv_cache(k, v, k_cache, v_cache, batch.slot_mapping)
-        return self.attend(q, batch)
-
-    def attend(
-        self,
-        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        batch: ForwardBatch,
-    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        """Attends over the cache, which already holds this step's k and v (written by a fused
-        op such as qk_norm_rope_and_cache)."""
-        k_cache, v_cache = self.caches()
-        return paged_attention(
-            q, k_cache, v_cache, batch.cu_query_lens, batch.context_lens, batch.block_tables,
-            self.scale, batch.max_query_len, batch.max_context_len,
-        )
 
     def rope_and_attend(
         self,

@@ -17,6 +17,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def cos_sin(max_positions: int, rotary_dim: int, device) -> torch.Tensor:
+    """A RoPE table as the model keeps it: [max_positions, rotary_dim] fp32, cos then sin."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+
+
 # relative error the kernels must stay under, by input dtype (against an fp32 reference)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2.5e-3}
 

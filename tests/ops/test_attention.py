@@ -6,7 +6,7 @@ import torch
 
 from hotpath.ops import attention
 from hotpath.ops.attention import reference
-from ops_cases import TOL, cuda, empty_cache, paged_batch, rel_err
+from ops_cases import TOL, cos_sin, cuda, empty_cache, paged_batch, rel_err
 
 
 def dense_causal_attention(q, k, v, scale):
@@ -96,6 +96,15 @@ def test_interpreter_prefill_small_tiles(interpreter, poisoned):
     check_kernel(b, kernel=triton_prefill, config=(16, 16, 4, 2))
 
 
+def new_token_slots(b, qlens, ctxs):
+    """The positions of each sequence's query tokens (the last of its context) and their cache
+    slots through its block table (block size 4), as the engine builds them."""
+    device = b.block_tables.device
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(qlens, ctxs)]).to(device)
+    seq_of = torch.repeat_interleave(torch.arange(len(qlens)), torch.tensor(qlens)).to(device)
+    return positions, b.block_tables[seq_of, positions // 4].long() * 4 + positions % 4
+
+
 def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, device,
                      num_splits=None, layout="nhd"):
     """rope_and_paged_attention (one decode kernel) against qk_norm_rope_and_cache then attention,
@@ -109,22 +118,18 @@ def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, d
     num_tokens = b.q.shape[0]
     k_new = torch.randn(num_tokens, 2, head_dim, generator=g).to(device, dtype)
     v_new = torch.randn(num_tokens, 2, head_dim, generator=g).to(device, dtype)
-    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(qlens, ctxs)]).to(device)
-    seq_of = torch.repeat_interleave(torch.arange(len(qlens)), torch.tensor(qlens)).to(device)
-    slots = b.block_tables[seq_of, positions // 4].long() * 4 + positions % 4
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
-    freqs = torch.arange(512).float()[:, None] * inv_freq[None, :]
-    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+    positions, slots = new_token_slots(b, qlens, ctxs)
+    table = cos_sin(512, rotary_dim, device)
     weights = (None, None)
     if qk_norm:
         weights = tuple((1 + 0.2 * torch.randn(head_dim, generator=g)).to(device, dtype) for _ in range(2))
     want_k, want_v = b.k_cache.clone(), b.v_cache.clone()
-    q = rotary_reference.qk_norm_rope_and_cache(b.q, k_new, v_new, positions, cos_sin, want_k, want_v,
+    q = rotary_reference.qk_norm_rope_and_cache(b.q, k_new, v_new, positions, table, want_k, want_v,
                                                 slots, *weights, 1e-6)
     want = reference.paged_attention(q.float(), want_k.float(), want_v.float(), b.cu_query_lens,
                                      b.context_lens, b.block_tables, 0.3, b.max_query_len,
                                      b.max_context_len)
-    rope = (k_new, v_new, cos_sin, *weights, 1e-6)
+    rope = (k_new, v_new, table, *weights, 1e-6)
     got = triton_decode.paged_attention(b.q, b.k_cache, b.v_cache, b.cu_query_lens, b.context_lens,
                                         b.block_tables, 0.3, b.max_query_len, b.max_context_len,
                                         num_splits=num_splits, rope=rope)
@@ -152,15 +157,13 @@ def test_interpreter_rope_fused_dispatch(interpreter, poisoned):
         b = paged_batch(qlens, ctxs, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
                         dtype=torch.float32, device="cpu")
         k_new, v_new = torch.randn(sum(qlens), 2, 16), torch.randn(sum(qlens), 2, 16)
-        positions = torch.cat([torch.arange(c - q, c) for q, c in zip(qlens, ctxs)])
-        seq_of = torch.repeat_interleave(torch.arange(len(qlens)), torch.tensor(qlens))
-        slots = b.block_tables[seq_of, positions // 4].long() * 4 + positions % 4
-        cos_sin = torch.randn(64, 16)
+        positions, slots = new_token_slots(b, qlens, ctxs)
+        table = torch.randn(64, 16)
         want_k, want_v = b.k_cache.clone(), b.v_cache.clone()
-        q = rotary_reference.qk_norm_rope_and_cache(b.q, k_new, v_new, positions, cos_sin, want_k,
+        q = rotary_reference.qk_norm_rope_and_cache(b.q, k_new, v_new, positions, table, want_k,
                                                     want_v, slots)
         want = reference.paged_attention(q, want_k, want_v, *b.args(0.3)[3:])
-        got = attention.rope_and_paged_attention(b.q, k_new, v_new, positions, cos_sin, b.k_cache,
+        got = attention.rope_and_paged_attention(b.q, k_new, v_new, positions, table, b.k_cache,
                                                  b.v_cache, slots, None, None, 1e-6,
                                                  *b.args(0.3)[3:])
         assert rel_err(got, want) < 1e-5

@@ -5,13 +5,7 @@ import torch
 
 from hotpath.ops import rotary
 from hotpath.ops.rotary import reference
-from ops_cases import TOL, cuda, empty_cache, rel_err
-
-
-def cos_sin(max_positions, rotary_dim, device):
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
-    freqs = torch.arange(max_positions).float()[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+from ops_cases import TOL, cos_sin, cuda, empty_cache, rel_err
 
 
 def check_fused(num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim, qk_norm, dtype, device,
