@@ -90,26 +90,24 @@ class DecoderLayer(nn.Module):
         self,
         positions: torch.Tensor,
         h: torch.Tensor,  # [1, hidden], the residual stream, updated in place
-        rstd: torch.Tensor | None,  # [1] fp32, h's RMSNorm statistic (None: not gathered yet)
+        sumsq: torch.Tensor | None,  # [T, 1] fp32, h's partial sums of squares (None: not gathered yet)
         batch: ForwardBatch,
-        next_eps: float,  # of the RMSNorm after this layer
-    ) -> torch.Tensor:  # [1] fp32, the new h's statistic
+    ) -> torch.Tensor:  # [T, 1] fp32, the new h's
         """`forward` for a one-token step, where every projection is a GEMV: each RMSNorm is
         applied as the next projection loads its input (from the statistic the previous one's
         epilogue gathered while adding into the residual), and SiLU-and-mul is fused into
         gate_up: four GEMV launches and attention's two (QK-norm and RoPE included) per layer,
         rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
-        if rstd is None:  # the first layer: its input norm is a launch of its own
-            qkv = attn.qkv_proj(self.input_layernorm(h))
+        norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        if sumsq is None:  # the first layer: its input norm is a launch of its own
+            qkv = attn.qkv_proj(norm(h))
         else:
-            qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                         rms=(rstd, self.input_layernorm.weight))
+            qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias, rms=(sumsq, norm.weight, norm.eps))
         out = attn.attend(positions, qkv, batch)
-        rstd = linear_add_residual(out, attn.o_proj.weight, h, self.post_attention_layernorm.eps)
-        y = linear_silu_and_mul(h, mlp.gate_up_proj.weight,
-                                rms=(rstd, self.post_attention_layernorm.weight))
-        return linear_add_residual(y, mlp.down_proj.weight, h, next_eps)
+        sumsq = linear_add_residual(out, attn.o_proj.weight, h)
+        y = linear_silu_and_mul(h, mlp.gate_up_proj.weight, rms=(sumsq, post_norm.weight, post_norm.eps))
+        return linear_add_residual(y, mlp.down_proj.weight, h)
 
 
 class DecoderModel(nn.Module):
@@ -135,10 +133,9 @@ class DecoderModel(nn.Module):
     def _forward_one_row(
         self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [1, hidden]
-        rstd = None  # the statistics come from the projections' epilogues
-        for i, layer in enumerate(self.layers):
-            following = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            rstd = layer.forward_one_row(positions, h, rstd, batch, following.eps)
+        sumsq = None  # the statistics come from the projections' epilogues
+        for layer in self.layers:
+            sumsq = layer.forward_one_row(positions, h, sumsq, batch)
         return self.norm(h)
 
 

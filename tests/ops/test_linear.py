@@ -70,34 +70,35 @@ def check_gated(out, x, weight, tol):
 
 
 def norm_inputs(M, K, device, seed=1):
-    """An un-normalised input with its RMSNorm statistic and weight (as a previous layer leaves
-    them)."""
+    """An un-normalised input with its RMSNorm statistic (as partial sums of squares over three
+    column ranges, as a previous layer's tiles leave them) and weight."""
     g = torch.Generator(device).manual_seed(seed)
     h = torch.randn(M, K, generator=g, device=device) * 3
-    rstd = torch.rsqrt(h.float().pow(2).mean(-1) + 1e-6)
+    sumsq = torch.stack([c.float().pow(2).sum(-1) for c in h.tensor_split(3, dim=-1)])
     norm_w = torch.rand(K, generator=g, device=device) + 0.5
-    return h, rstd, norm_w
+    return h, sumsq, norm_w
 
 
 def check_fused_forms(M, N, K, dtype, device, tol, config=None):
     """rms= prologue (plain and gated) and the residual epilogue, against the reference ops."""
     from hotpath.ops.linear import triton_gemv
 
-    h, rstd, norm_w = norm_inputs(M, K, device)
+    h, sumsq, norm_w = norm_inputs(M, K, device)
     h, norm_w = h.to(dtype), norm_w.to(dtype)
     _, weight, _ = inputs(M, 2 * N, K, dtype, device, bias=False)
-    normed = reference.rms_normalize(h, rstd, norm_w)
-    check(triton_gemv.linear(h, weight, config=config, rms=(rstd, norm_w)), normed, weight, None, tol)
-    check_gated(triton_gemv.linear_silu_and_mul(h, weight, config=config, rms=(rstd, norm_w)),
-                normed, weight, tol)
+    rms = (sumsq, norm_w, 1e-6)
+    normed = reference.rms_normalize(h, *rms)
+    check(triton_gemv.linear(h, weight, config=config, rms=rms), normed, weight, None, tol)
+    check_gated(triton_gemv.linear_silu_and_mul(h, weight, config=config, rms=rms), normed, weight, tol)
 
     x, weight, _ = inputs(M, N, K, dtype, device, bias=False, seed=2)
     residual = torch.randn(M, N, device=device).to(dtype)
     want = residual.clone()
-    want_rstd = reference.add_residual(reference.linear(x.float(), weight.float()).to(dtype), want, 1e-6)
-    got_rstd = triton_gemv.linear_add_residual(x, weight, residual, 1e-6, config=config)
+    want_sumsq = reference.add_residual(reference.linear(x.float(), weight.float()).to(dtype), want)
+    got_sumsq = triton_gemv.linear_add_residual(x, weight, residual, config=config)
+    assert got_sumsq.shape[1] == M and got_sumsq.shape[0] > 1  # one partial per N tile
     assert rel_err(residual, want) < tol
-    assert rel_err(got_rstd, want_rstd) < tol
+    assert rel_err(got_sumsq.sum(0), want_sumsq.sum(0)) < tol
     assert not triton_gemv._counters(x.device).any()
 
 
@@ -112,17 +113,18 @@ def test_dispatch_fused_forms_reference():
     """The reference side of the fused forms equals the unfused ops they replace."""
     from hotpath.ops.norm import reference as norm_reference
 
-    h, rstd, norm_w = norm_inputs(3, 64, "cpu")
+    h, sumsq, norm_w = norm_inputs(3, 64, "cpu")
     _, weight, _ = inputs(3, 16, 64, torch.float32, "cpu", bias=False)
-    assert torch.allclose(linear.linear(h, weight, rms=(rstd, norm_w)),
+    assert torch.allclose(linear.linear(h, weight, rms=(sumsq, norm_w, 1e-6)),
                           norm_reference.rms_norm(h, norm_w, 1e-6) @ weight.t(), atol=1e-5)
     residual = torch.randn(3, 16)
     x, _, _ = inputs(3, 16, 64, torch.float32, "cpu", bias=False)
     y = x @ weight.t()
     want_normed, want_sum = norm_reference.fused_add_rms_norm(y, residual.clone(), norm_w[:16], 1e-6)
-    got_rstd = linear.linear_add_residual(x, weight, residual, 1e-6)
+    got_sumsq = linear.linear_add_residual(x, weight, residual)
     assert torch.allclose(residual, want_sum, atol=1e-6)
-    assert torch.allclose(reference.rms_normalize(residual, got_rstd, norm_w[:16]), want_normed, atol=1e-5)
+    assert torch.allclose(reference.rms_normalize(residual, got_sumsq, norm_w[:16], 1e-6), want_normed,
+                          atol=1e-5)
 
 
 def test_interpreter_default_config(interpreter, poisoned):

@@ -41,11 +41,11 @@ def linear(
     x: torch.Tensor,  # [..., in_features]
     weight: torch.Tensor,  # [out_features, in_features]
     bias: torch.Tensor | None = None,  # [out_features]
-    rms: tuple[torch.Tensor, torch.Tensor] | None = None,  # (rstd [rows] fp32, norm weight)
+    rms: reference.RmsInput | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., out_features]
-    """x @ weight^T (+ bias); with `rms`, of RMSNorm(x) from its precomputed statistic (fused
-    into the GEMV's loads where it runs). The result has x's dtype's values, stored as
+    """x @ weight^T (+ bias); with `rms`, of RMSNorm(x) from the partial sums of squares that
+    linear_add_residual returned for x (fused into the GEMV's loads where it runs). The result has x's dtype's values, stored as
     `out_dtype` (e.g. fp32 logits: the GEMV writes them directly, no conversion launch)."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
@@ -60,7 +60,7 @@ def linear(
 def linear_silu_and_mul(
     x: torch.Tensor,  # [..., in_features]
     weight: torch.Tensor,  # [2 * intermediate, in_features] = [gate | up]
-    rms: tuple[torch.Tensor, torch.Tensor] | None = None,
+    rms: reference.RmsInput | None = None,
 ) -> torch.Tensor:  # [..., intermediate]
     """silu(x @ gate^T) * (x @ up^T): one fused launch where the GEMV runs, else the two ops."""
     if use_gemv(x, weight):
@@ -74,16 +74,15 @@ def linear_add_residual(
     x: torch.Tensor,  # [rows, in_features]
     weight: torch.Tensor,  # [out_features, in_features]
     residual: torch.Tensor,  # [rows, out_features], updated in place
-    eps: float,
-) -> torch.Tensor:  # [rows] fp32
-    """residual += x @ weight^T; returns the new rows' RMSNorm statistic rstd = 1 / RMS (with
-    eps), gathered in the GEMV's epilogue where it runs, so the next projection can normalise its
-    input as it loads it (`rms=`) and no RMSNorm kernel runs between them."""
+) -> torch.Tensor:  # [T, rows] fp32
+    """residual += x @ weight^T; returns partial sums of squares of the new rows (summed over T,
+    each row's), gathered in the GEMV's epilogue where it runs, so that the next projection can
+    RMS-normalise its input as it loads it (`rms=`) and no RMSNorm kernel runs between them."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
 
-        return triton_gemv.linear_add_residual(x, weight, residual, eps)
-    return reference.add_residual(reference.linear(x, weight), residual, eps)
+        return triton_gemv.linear_add_residual(x, weight, residual)
+    return reference.add_residual(reference.linear(x, weight), residual)
 
 
 __all__ = ["linear", "linear_add_residual", "linear_silu_and_mul"]

@@ -14,20 +14,27 @@ def linear(
     return F.linear(x, weight, bias)
 
 
+# An RMSNorm to apply to a projection's input, from a statistic gathered before: (partial sums of
+# squares [T, M] fp32 of the input rows, summed over T; the norm's weight [K]; its eps)
+RmsInput = tuple[torch.Tensor, torch.Tensor, float]
+
+
 def rms_normalize(
     x: torch.Tensor,  # [M, K], un-normalised
-    rstd: torch.Tensor,  # [M] fp32, 1 / RMS of each row (with eps)
+    sumsq: torch.Tensor,  # [T, M] fp32, partial sums of squares of x's rows
     weight: torch.Tensor,  # [K]
+    eps: float,
 ) -> torch.Tensor:  # [M, K]
     """RMSNorm from a precomputed statistic, rounding as the reference RMSNorm rounds."""
+    rstd = torch.rsqrt(sumsq.sum(0) / x.shape[-1] + eps)
     return weight * (x.float() * rstd[:, None]).to(x.dtype)
 
 
 def add_residual(
     y: torch.Tensor,  # [M, N], a projection's output
     residual: torch.Tensor,  # [M, N], updated in place
-    eps: float,
-) -> torch.Tensor:  # [M] fp32
-    """residual += y (rounded as the reference's residual add); returns the new rows' rstd."""
+) -> torch.Tensor:  # [1, M] fp32
+    """residual += y (rounded as the reference's residual add); returns the new rows' sums of
+    squares, as one partial sum."""
     residual.copy_(y + residual)
-    return torch.rsqrt(residual.float().pow(2).mean(-1) + eps)
+    return residual.float().pow(2).sum(-1)[None, :]

@@ -20,11 +20,13 @@ weight is spread over many programs:
 - the gated MLP's gate_up projection can run fused with SiLU-and-mul (GATED): a program's rows are
   pairs (gate row f, up row f), so it forms silu(gate) * up for its outputs itself, saving a launch
   and the [M, 2N] intermediate;
-- the RMSNorms between projections fold in (see DecoderLayer.forward_one_row): with `rms` the
-  kernel normalises x's tiles as it loads them, from a statistic computed before; with a residual
-  (linear_add_residual) it adds its output into the residual stream in place and gathers that
-  statistic for the next norm: each N tile stores its rows' sum of squares, and the last tile to
-  finish (one more counter) adds them in a fixed order, so the result does not depend on timing;
+- the RMSNorms between projections fold in (see DecoderLayer.forward_one_row): with a residual
+  (linear_add_residual) the kernel adds its output into the residual stream in place and each N
+  tile stores its rows' sum of squares of the new stream; with `rms` the next projection adds
+  those partial sums (a few KB, read alongside x) in a fixed order, so every program gets the same
+  statistic whatever the timing, and normalises x's tiles as it loads them. Summing in the
+  consumer rather than in the producer's last tile keeps an atomic and a dependent read off the
+  step's critical path;
 - a short, wide weight (o_proj, down_proj of a small model: few rows, long K) gives too few
   programs, so K is split until there are several programs per SM. Each split writes an fp32
   partial sum; the last program of an N tile to finish (a counter per tile, bumped atomically, says
@@ -69,10 +71,10 @@ _split_counters: dict[torch.device, torch.Tensor] = {}
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """The device's counters: one per split-K tile, then the residual statistic's; allocated once
-    (zeros), left at zero by every call."""
+    """The device's counters, one per split-K tile: allocated once (zeros), left at zero by every
+    call."""
     if device not in _split_counters:
-        _split_counters[device] = torch.zeros(MAX_SPLIT_TILES + 1, dtype=torch.int32, device=device)
+        _split_counters[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
     return _split_counters[device]
 
 
@@ -107,8 +109,7 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit
-def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
-               stat_ptr, stat_counter_ptr, rstd_out_ptr, eps,
+def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr,
                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                ROUND_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc: [BLOCK_N, BLOCK_M] fp32 sums of this program's (virtual) rows -> out[rm, features]."""
@@ -129,29 +130,28 @@ def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om,
     out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
     if RESIDUAL:
         # out is the residual stream: the projection (rounded as the reference rounds it) is
-        # added to it in place, and the sum of squares of the new stream, the next RMSNorm's
-        # statistic, is gathered: each N tile stores its share, and the last tile to finish
-        # adds the shares in a fixed order (a deterministic sum) into rstd
+        # added to it in place, and this tile's share of the next RMSNorm's statistic, the sum of
+        # squares of its part of the new stream, is stored for the next projection to add up
         h = (acc.to(dtype).to(tl.float32) + tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)).to(dtype)
         tl.store(out_ptrs, h, mask=mask)
         hf = tl.where(mask, h.to(tl.float32), 0.0)  # rows past N hold row N - 1's sums
-        tl.store(stat_ptr + pid_n * acc.shape[1] + rm, tl.sum(hf * hf, axis=0))
-        tl.debug_barrier()
-        arrived = tl.atomic_add(stat_counter_ptr, 1, sem="acq_rel", scope="gpu")
-        n_tiles = tl.num_programs(0)
-        if arrived == n_tiles - 1:
-            total = tl.zeros([acc.shape[1]], dtype=tl.float32)
-            for t0 in range(0, n_tiles, 64):
-                t = t0 + tl.arange(0, 64)
-                total += tl.sum(tl.load(stat_ptr + t[:, None] * acc.shape[1] + rm[None, :],
-                                        mask=(t < n_tiles)[:, None], other=0.0, cache_modifier=".cg"),
-                                axis=0)
-            tl.store(rstd_out_ptr + rm, tl.rsqrt(total / N + eps), mask=rm < M)
-            tl.store(stat_counter_ptr, 0)
+        tl.store(stat_ptr + pid_n * M + rm, tl.sum(hf * hf, axis=0), mask=rm < M)
     else:
         # rounded to the input dtype even into a wider output (fp32 logits of a bf16 model), so
         # the values are those of the reference's projection, converted
         tl.store(out_ptrs, acc.to(ROUND_DTYPE).to(dtype), mask=mask)
+
+
+@triton.jit
+def _rstd(stat_ptr, n_stat, rm, M, K, eps, BLOCK_T: tl.constexpr):
+    """[BLOCK_M] fp32 1 / RMS of x's rows rm, from the partial sums of squares stat [n_stat, M]
+    a residual epilogue left: added in a fixed order, so every program gets the same value."""
+    total = tl.zeros([BLOCK_T, rm.shape[0]], dtype=tl.float32)
+    for t0 in range(0, n_stat, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        total += tl.load(stat_ptr + t[:, None] * M + rm[None, :],
+                         mask=(t < n_stat)[:, None] & (rm < M)[None, :], other=0.0)
+    return tl.rsqrt(tl.sum(total, axis=0) / K + eps)
 
 
 @triton.jit
@@ -187,11 +187,10 @@ def _gemv_kernel(
     partial_ptr,  # [split_k, M, rows] fp32, rows = N (2N with GATED) (unused without SPLIT)
     counter_ptr,  # [>= cdiv(rows, BLOCK_N)] int32, zero between calls (unused without SPLIT)
     norm_w_ptr,  # [K] RMSNorm weight applied to x (NORM_INPUT)
-    rstd_in_ptr,  # [M] fp32 RMSNorm statistic of x's rows (NORM_INPUT)
-    stat_ptr,  # [n_tiles, BLOCK_M] fp32 sums of squares by N tile (RESIDUAL)
-    stat_counter_ptr,  # [1] int32, zero between calls (RESIDUAL)
-    rstd_out_ptr,  # [M] fp32 RMSNorm statistic of the new residual rows (RESIDUAL)
+    stat_in_ptr,  # [n_stat_in, M] fp32 partial sums of squares of x's rows (NORM_INPUT)
+    n_stat_in,
     eps,  # of that RMSNorm
+    stat_ptr,  # [n_tiles, M] fp32 partial sums of squares of the new residual rows (RESIDUAL)
     M,
     N,  # output features
     K,
@@ -233,7 +232,7 @@ def _gemv_kernel(
     if USE_DOT:
         pdl_wait(USE_PDL)
         if NORM_INPUT:
-            rstd = tl.load(rstd_in_ptr + rm, mask=rm < M, other=0.0)[:, None]
+            rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 64)[:, None]
         else:
             rstd = 1.0
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -260,7 +259,8 @@ def _gemv_kernel(
         else:
             w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
         pdl_wait(USE_PDL)
-        rstd = tl.load(rstd_in_ptr) if NORM_INPUT else 1.0
+        # one row: the statistic's partials are as many as the producer's N tiles, in one load
+        rstd = tl.sum(_rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024)) if NORM_INPUT else 1.0
         acc_n = _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
@@ -286,16 +286,16 @@ def _gemv_kernel(
                 total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask, other=0.0,
                                  cache_modifier=".cg")
             tl.store(counter_ptr + pid_n, 0)
-            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr,
-                       stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL,
-                       x_ptr.dtype.element_ty, BLOCK_N)
+            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                       GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
     else:
-        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr,
-                   stat_counter_ptr, rstd_out_ptr, eps, HAS_BIAS, GATED, RESIDUAL,
-                   x_ptr.dtype.element_ty, BLOCK_N)
+        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                   GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
 
 
-RmsInput = tuple[torch.Tensor, torch.Tensor]  # (rstd [M] fp32, RMSNorm weight [K])
+# (partial sums of squares [T, M] fp32 of x's rows, as linear_add_residual returns them; the
+# RMSNorm's weight [K]; its eps)
+RmsInput = tuple[torch.Tensor, torch.Tensor, float]
 
 
 def linear(
@@ -307,8 +307,9 @@ def linear(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., N]
     """x @ weight^T (+ bias) with fp32 accumulation; `config` overrides `choose_config` (the
-    benchmark sweeps it). With `rms`, x is first RMS-normalised with the given statistic. The
-    result is rounded to x's dtype, then stored as `out_dtype` (default: x's)."""
+    benchmark sweeps it). With `rms`, x is first RMS-normalised with the statistic whose partial
+    sums are given. The result is rounded to x's dtype, then stored as `out_dtype` (default:
+    x's)."""
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
     return _launch(x, weight, bias, config, rms=rms, out_dtype=out_dtype)[0]
@@ -331,19 +332,18 @@ def linear_add_residual(
     x: torch.Tensor,  # [M, K]
     weight: torch.Tensor,  # [N, K], K contiguous
     residual: torch.Tensor,  # [M, N], updated in place
-    eps: float,
     config: GemvConfig | None = None,
-) -> torch.Tensor:  # [M] fp32
-    """residual += x @ weight^T; returns the rstd of the new residual rows (1 / RMS, with eps),
-    the statistic the next RMSNorm needs, gathered by the kernel's epilogue."""
+) -> torch.Tensor:  # [T, M] fp32
+    """residual += x @ weight^T; returns partial sums of squares of the new residual rows (their
+    sum over T is each row's), which the next RMSNorm needs, stored by the kernel's epilogue."""
     if residual.shape != (x.shape[0], weight.shape[0]) or residual.stride(-1) != 1:
         raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{x.shape[0]}, {weight.shape[0]}]")
-    return _launch(x, weight, None, config, residual=residual, eps=eps)[1]
+    return _launch(x, weight, None, config, residual=residual)[1]
 
 
 def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
             rms: RmsInput | None = None, residual: torch.Tensor | None = None,
-            eps: float = 0.0, out_dtype: torch.dtype | None = None,
+            out_dtype: torch.dtype | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     K = x.shape[-1]
     rows = weight.shape[0]  # the weight's rows: the outputs, or [gate | up]
@@ -360,7 +360,6 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         out = residual
     else:
         out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
-    rstd_out = torch.empty(M, dtype=torch.float32, device=x.device) if residual is not None else None
     if M == 0 or N == 0 or K == 0:
         # no terms: every sum is 0 (silu(0) * 0 = 0), plus the bias
         assert residual is None and rms is None, "the fused forms are for real projections"
@@ -380,12 +379,18 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         if n_tiles > MAX_SPLIT_TILES:
             raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
         partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
-    stat = torch.empty((n_tiles, block_m), dtype=torch.float32, device=x.device) if residual is not None else out
-    rstd_in, norm_w = rms if rms is not None else (out, out)
+    stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
+    if rms is not None:
+        stat_in, norm_w, eps = rms
+        if stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
+            raise ValueError(f"rms statistic must be fp32 [T, {M}], got {stat_in.dtype} {tuple(stat_in.shape)}")
+        stat_in = stat_in.contiguous()
+    else:
+        stat_in, norm_w, eps = out, out, 0.0
     use_pdl = pdl_enabled(x.device)
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,
-        norm_w, rstd_in, stat, counters[MAX_SPLIT_TILES:], rstd_out if rstd_out is not None else out, eps,
+        norm_w, stat_in, stat_in.shape[0], eps, stat if stat is not None else out,
         M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None,
         GATED=gated,
@@ -403,4 +408,4 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         num_stages=cfg.num_stages,
         launch_pdl=use_pdl,
     )
-    return out.view(*x.shape[:-1], N), rstd_out
+    return out.view(*x.shape[:-1], N), stat

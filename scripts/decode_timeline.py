@@ -1,0 +1,120 @@
+"""Where the batch-1 decode graph's time goes, kernel by kernel, as it replays (PDL overlaps
+included): each kernel's own duration, and the time it adds to the step, its end minus the end of
+the kernel before it. Kernels run one after the other apart from PDL's overlap, so the second
+figure sums to the replay time, and what a kernel adds beyond moving its bytes is its overhead.
+
+    python scripts/decode_timeline.py --preset qwen3-0.6b --out DIR
+"""
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from hotpath.bench.presets import preset_dir
+from hotpath.engine.args import EngineArgs
+from hotpath.engine.engine import Engine
+from hotpath.sampling_params import SamplingParams
+
+def label_kernels(names: list[str]) -> list[str]:
+    """A role for each kernel of one step: GEMVs by their place in a layer (qkv, o_proj, gate_up,
+    down, in launch order; the step's last one is the LM head), attention by kernel name."""
+    labels = []
+    gemvs_seen = 0
+    for name in names:
+        if "gemv" in name:
+            labels.append(["qkv", "o_proj", "gate_up", "down"][gemvs_seen % 4])
+            gemvs_seen += 1
+        elif "decode_split" in name:
+            labels.append("attention")
+        elif "decode_merge" in name:
+            labels.append("merge")
+        else:
+            labels.append(name[:40])
+    # the step's last GEMV is the LM head
+    last = max(i for i, n in enumerate(names) if "gemv" in n)
+    labels[last] = "lm_head"
+    return labels
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--replays", type=int, default=20)
+    ns = ap.parse_args()
+    engine = Engine(EngineArgs(model=str(preset_dir(ns.preset)), load_format="dummy",
+                               skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=1,
+                               enable_prefix_caching=False, num_gpu_blocks_override=128,
+                               async_scheduling=False))
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    engine.add_request("r", {"prompt_token_ids": list(range(100, 612))}, params)
+    for _ in range(20):
+        engine.step()
+    graph, _ = engine.runner.graphs[1]
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(100):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    replay_us = start.elapsed_time(end) / 100 * 1e3
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(ns.replays):
+            graph.replay()
+            torch.cuda.synchronize()  # a gap between replays marks where each one starts
+    kernels = sorted(
+        ((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+         if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower()
+         and "memset" not in e.name.lower()),
+    )
+    # split into replays at the host sync gaps
+    replays, cur = [], [kernels[0]]
+    for k in kernels[1:]:
+        if k[0] - cur[-1][1] > 20:  # us
+            replays.append(cur)
+            cur = []
+        cur.append(k)
+    replays.append(cur)
+    per_step = max(set(len(r) for r in replays), key=[len(r) for r in replays].count)
+    replays = [r for r in replays if len(r) == per_step]
+    labels = label_kernels([k[2] for k in replays[0]])
+
+    dur, adds = defaultdict(list), defaultdict(list)
+    totals = []
+    for r in replays:
+        totals.append(r[-1][1] - r[0][0])
+        prev_end = r[0][0]
+        for (s, e, _), lab in zip(r, labels):
+            dur[lab].append(e - s)
+            adds[lab].append(e - prev_end)
+            prev_end = max(prev_end, e)
+    n = len(replays)
+    rows = []
+    for lab in dur:
+        count = len(dur[lab]) // n
+        rows.append({"kernel": lab, "per_step": count,
+                     "duration_us": sum(dur[lab]) / len(dur[lab]),
+                     "adds_us": sum(adds[lab]) / len(adds[lab]),
+                     "adds_per_step_us": sum(adds[lab]) / n})
+    rows.sort(key=lambda r: -r["adds_per_step_us"])
+    res = {"preset": ns.preset, "replay_us_events": replay_us,
+           "profiled_step_us": sum(totals) / n, "kernels_per_step": per_step, "rows": rows}
+    Path(ns.out).mkdir(parents=True, exist_ok=True)
+    (Path(ns.out) / f"timeline_{ns.preset}.json").write_text(json.dumps(res, indent=1))
+    print(f"{ns.preset}: graph replay {replay_us:.1f} us (events), profiled step "
+          f"{res['profiled_step_us']:.1f} us, {per_step} kernels")
+    print(f"{'kernel':<42} {'n':>4} {'dur us':>8} {'adds us':>8} {'step us':>8}")
+    for r in rows:
+        print(f"{r['kernel']:<42} {r['per_step']:>4} {r['duration_us']:>8.2f} {r['adds_us']:>8.2f} "
+              f"{r['adds_per_step_us']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
