@@ -30,8 +30,11 @@ import triton.language as tl
 
 from hotpath.ops.attention.triton_common import (
     LOG2E,
+    attend_kv,
     attend_tile,
     dot_precision,
+    kv_tile_blocks,
+    load_kv_tile,
     next_power_of_2,
 )
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
@@ -96,7 +99,8 @@ def _write_new_kv(
 ):
     """This step's keys (normalised and rotated) and values of one kv head go into the cache, for
     the new positions inside [start, end): the split that reads a position writes it, so no other
-    program depends on the write."""
+    program depends on the write. Returns them as stored: [BLOCK_T, HEAD_DIM_PAD] keys and
+    values (rows outside the split: 0)."""
     t = tl.arange(0, BLOCK_T)
     pos = ctx - q_len + t
     mine = ((t < q_len) & (pos >= start) & (pos < end))[:, None]
@@ -109,12 +113,27 @@ def _write_new_kv(
     block = tl.load(block_table + pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
     row = pos % BLOCK_SIZE
     mask = mine & (d[None, :] < HEAD_DIM)
+    k = k.to(k_cache_ptr.dtype.element_ty)
+    v = v.to(v_cache_ptr.dtype.element_ty)
     tl.store(k_cache_ptr + block * stride_kb + row * stride_kt + kv_head * stride_kh + d[None, :],
-             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+             k, mask=mask)
     tl.store(v_cache_ptr + block * stride_vb + row * stride_vt + kv_head * stride_vh + d[None, :],
-             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
-    # the tiles below read these rows back: the block's stores first
+             v, mask=mask)
+    # tiles after the first read these rows back: the block's stores first
     tl.debug_barrier()
+    return k, v
+
+
+@triton.jit
+def _with_new_rows(tile, new, n, first_new, q_len, BLOCK_T: tl.constexpr):
+    """tile [BLOCK_N, D] with the rows at positions first_new + t (t < q_len) replaced by
+    new[t] ([BLOCK_T, D]): this step's keys or values, from registers rather than the cache."""
+    t_idx = tl.arange(0, BLOCK_T)[:, None]
+    for t in tl.static_range(BLOCK_T):
+        row = tl.sum(tl.where(t_idx == t, new.to(tl.float32), 0.0), axis=0).to(tile.dtype)
+        hit = (n == first_new + t) & (t < q_len)
+        tile = tl.where(hit[:, None], row[None, :], tile)
+    return tile
 
 
 @triton.jit
@@ -168,20 +187,38 @@ def _decode_split_kernel(
     BLOCK_T: tl.constexpr,  # >= the longest query
 ):
     pdl_launch_dependents(USE_PDL)
-    pdl_wait(USE_PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # the step's inputs (written before the forward began) and the cache rows of earlier steps
+    # are read before waiting for the previous kernel: the first tile's keys and values are in
+    # flight while it finishes. This step's rows (ctx - q_len onwards) are not read before the
+    # wait: they are this kernel's (ROPE) or the previous kernel's to write.
     q_start = tl.load(cu_query_lens_ptr + seq)
     q_len = tl.load(cu_query_lens_ptr + seq + 1) - q_start
     ctx = tl.load(context_lens_ptr + seq)
+    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    n = start + tl.arange(0, BLOCK_N)
+    n_ok = n < end
+    first_new = ctx - q_len
+    blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
+    in_block = n % BLOCK_SIZE
+    k_rows = blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh
+    v_rows = blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh
+    old = n_ok & (n < first_new)
+    k = load_kv_tile(k_cache_ptr, k_rows, d, old, True, HEAD_DIM, HEAD_DIM_PAD)
+    v = load_kv_tile(v_cache_ptr, v_rows, d, old, True, HEAD_DIM, HEAD_DIM_PAD)
+    pdl_wait(USE_PDL)
 
     rows = tl.arange(0, BLOCK_M)  # row = query token * GROUP + head within the group
     tok = rows // GROUP
     head = kv_head * GROUP + rows % GROUP
     row_ok = tok < q_len
-    q_pos = ctx - q_len + tok
-    d = tl.arange(0, HEAD_DIM_PAD)
+    q_pos = first_new + tok
     row_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     token = (q_start + tok).to(tl.int64)
     q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
@@ -194,19 +231,23 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
-    start = split * split_len
-    end = tl.minimum(start + split_len, ctx)
+    # the first tile's rows of this step
     if ROPE:
-        _write_new_kv(
+        k_step, v_step = _write_new_kv(
             k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh,
             k_cache_ptr, v_cache_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
             stride_vh, block_table, q_start, q_len, ctx, start, end, kv_head, d,
             cos_sin_ptr, stride_cs, k_norm_w_ptr, norm_eps, HAS_NORM, HALF, BLOCK_T, BLOCK_SIZE,
             HEAD_DIM,
         )
-    for n0 in range(start, end, BLOCK_N):
+        k = _with_new_rows(k, k_step, n, first_new, q_len, BLOCK_T)
+        v = _with_new_rows(v, v_step, n, first_new, q_len, BLOCK_T)
+    else:
+        new = n_ok & (n >= first_new)
+        k = tl.where(new[:, None], load_kv_tile(k_cache_ptr, k_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), k)
+        v = tl.where(new[:, None], load_kv_tile(v_cache_ptr, v_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), v)
+    acc, l_i, m_i = attend_kv(acc, l_i, m_i, q, q_pos, k, v, n, n_ok, scale_log2, True, PRECISION)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
