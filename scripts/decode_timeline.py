@@ -29,8 +29,6 @@ def label_kernels(names: list[str]) -> list[str]:
             gemvs_seen += 1
         elif "decode_split" in name:
             labels.append("attention")
-        elif "decode_merge" in name:
-            labels.append("merge")
         else:
             labels.append(name[:40])
     # the step's last GEMV is the LM head

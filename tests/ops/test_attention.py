@@ -68,14 +68,19 @@ def test_interpreter_dispatch(case, group, head_dim, layout, interpreter, poison
     check_kernel(b)
 
 
+@pytest.mark.parametrize("merge_elements", [8192, 16])
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 20])
-def test_interpreter_decode_splits(num_splits, interpreter, poisoned):
+def test_interpreter_decode_splits(num_splits, merge_elements, interpreter, poisoned, monkeypatch):
+    """Splits merged by the last to arrive: in one round, or (merge_elements 16) one split a
+    round with a running max; the merge counters are left at zero."""
     from hotpath.ops.attention import triton_decode
 
+    monkeypatch.setattr(triton_decode, "MERGE_ELEMENTS", merge_elements)
     # 5 splits of 16 keys over contexts up to 70: the short sequences have empty splits
     b = paged_batch([1, 2, 1], [3, 17, 70], num_heads=8, num_kv_heads=2, head_dim=16,
                     block_size=8, dtype=torch.float32, device="cpu")
     check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16)
+    assert not triton_decode._counters(torch.device("cpu")).any()
 
 
 def test_interpreter_decode_graph_sized(interpreter, poisoned):

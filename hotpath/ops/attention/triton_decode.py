@@ -5,21 +5,26 @@ One program handles (sequence, kv head, split of the context). Its query rows ar
 of the sequence times every q head sharing that kv head (GQA), so each K/V tile is read from memory
 once for the whole group and the dot products have enough rows for tensor cores. Splitting the
 context lets batch-1 long-context decode use every SM; each split writes its normalised partial
-output and log-sum-exp, and a second kernel merges the splits. With a single split the first kernel
-writes the output directly.
+output and log-sum-exp, and the last split of a (sequence, kv head) to finish (an atomic counter
+says which) merges them, reading every split's partials in one round at batch 1. With a single
+split the program writes the output directly.
+
+At batch 1 the kernel is a chain of latencies, not a stream of bytes (a 1k context is ~2 MB), so
+it is arranged to have few dependent memory rounds after PDL's wait: the first tile of keys and
+values of earlier steps, the block table, cos/sin and the norm weights are read before the wait,
+while the qkv projection finishes; after it, the projections in one round; then the merge's
+counter and its read of the partials. A separate merge kernel cost ~2.5 us a layer more (H200).
 
 The number of splits is fixed on the host (from the batch size and max_context_len, so a CUDA graph
 captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
-context over them on the device: a short context in a graph sized for a long one still uses all
-its splits rather than leaving the work to the first.
+context over them on the device, in whole tiles: a short context in a graph sized for a long one
+uses as many splits as it has tiles, rather than leaving the work to the first.
 
 With ROPE the kernel also does what ops/rotary's qk_norm_rope_and_cache does before it, saving that
 launch in decode: each program normalises and rotates its query rows as it loads them, and the
 program whose split holds a new position writes that token's rotated key and its value into the
-cache before reading its tiles (a block barrier orders the two; no other program reads those rows).
-
-Merging the splits inside this kernel instead (the last split of a (sequence, kv head) to finish
-merges them) was measured slower on the H200: one program then reads every split's partials.
+cache (a block barrier orders that before any later tile reads it back; the first tile takes the
+new rows from registers; no other program reads those rows).
 """
 
 from __future__ import annotations
@@ -48,80 +53,84 @@ PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 128
 TILE_BYTES = 64 * 128 * 2
+# The merge reads at most this many fp32 partials per round: 64 registers a thread at 4 warps, a
+# round for every split of a batch-1 decode with head_dim 128 and up to 4 q heads per kv head
+MERGE_ELEMENTS = 8192
+# One merge counter per (sequence, kv head) of a split call; splitting stops well before this
+MAX_SPLIT_GROUPS = 4096
+
+_merge_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The device's merge counters: allocated once (zeros), left at zero by every call. Shared by
+    every call on the device, so calls must not run concurrently on two streams."""
+    if device not in _merge_counters:
+        _merge_counters[device] = torch.zeros(MAX_SPLIT_GROUPS, dtype=torch.int32, device=device)
+    return _merge_counters[device]
+
 
 @triton.jit
-def _norm_rope_rows(
-    base,  # [R, 1] pointers to each row's head_dim values
-    row_ok,  # [R, 1] bool
+def _partner(d, HALF: tl.constexpr):
+    """Each dimension's rotate-half partner (itself past the rotary dims)."""
+    return tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))[None, :]
+
+
+@triton.jit
+def _rope_inputs(
     pos,  # [R, 1] int64 position of each row
+    row_ok,  # [R, 1] bool
     d,  # [HEAD_DIM_PAD] arange
     cos_sin_ptr,  # [max_positions, 2 * HALF] fp32: cos then sin
     stride_cs,
     norm_w_ptr,  # [HEAD_DIM] (HAS_NORM)
-    eps,
     HAS_NORM: tl.constexpr,
-    HALF: tl.constexpr,  # rotary_dim / 2; dims past rotary_dim pass through
+    HALF: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
-    """[R, HEAD_DIM_PAD] rows after Qwen3's per-head RMSNorm (optional) and RoPE (GPT-NeoX
-    rotate-half), rounding as ops/rotary's reference does. Each element is paired with its
-    rotation partner by a second load, so the tile keeps its natural column order."""
+    """What QK-norm and RoPE of rows at `pos` take besides the rows: cos, sin [R, HEAD_DIM_PAD]
+    and the norm weight at each dimension and at its partner [1, HEAD_DIM_PAD], fp32. No kernel of
+    the step writes any of it, so it is loaded before PDL's wait."""
     dim_ok = d[None, :] < HEAD_DIM
     rotated = d[None, :] < 2 * HALF
-    partner = tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))[None, :]
-    x = tl.load(base + d[None, :], mask=row_ok & dim_ok, other=0.0)
-    xp = tl.load(base + partner, mask=row_ok & dim_ok, other=0.0)
+    j = (d % HALF)[None, :]
+    cs = cos_sin_ptr + pos * stride_cs
+    cos = tl.load(cs + j, mask=row_ok & rotated, other=1.0)
+    sin = tl.load(cs + HALF + j, mask=row_ok & rotated, other=0.0)
+    if HAS_NORM:
+        w = tl.load(norm_w_ptr + d[None, :], mask=dim_ok, other=0.0).to(tl.float32)
+        wp = tl.load(norm_w_ptr + _partner(d, HALF), mask=dim_ok, other=0.0).to(tl.float32)
+    else:
+        w = cos  # unused
+        wp = cos
+    return cos, sin, w, wp
+
+
+@triton.jit
+def _load_rows(base, row_ok, d, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows [R, HEAD_DIM_PAD] at `base` ([R, 1] pointers) and the same rows with each element
+    replaced by its rotation partner (a second load, so the tile keeps its column order)."""
+    mask = row_ok & (d[None, :] < HEAD_DIM)
+    x = tl.load(base + d[None, :], mask=mask, other=0.0)
+    xp = tl.load(base + _partner(d, HALF), mask=mask, other=0.0)
+    return x, xp
+
+
+@triton.jit
+def _norm_rope(x, xp, cos, sin, w, wp, d, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Rows x [R, HEAD_DIM_PAD] after Qwen3's per-head RMSNorm (optional) and RoPE (GPT-NeoX
+    rotate-half), rounding as ops/rotary's reference does; xp, cos, sin, w, wp from _load_rows
+    and _rope_inputs."""
     dtype = x.dtype
     xf = x.to(tl.float32)
     xpf = xp.to(tl.float32)
     if HAS_NORM:
         rstd = tl.rsqrt(tl.sum(xf * xf, 1) / HEAD_DIM + eps)[:, None]
-        w = tl.load(norm_w_ptr + d[None, :], mask=dim_ok, other=0.0).to(tl.float32)
-        wp = tl.load(norm_w_ptr + partner, mask=dim_ok, other=0.0).to(tl.float32)
         xf = ((xf * rstd).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
         xpf = ((xpf * rstd).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
-    j = (d % HALF)[None, :]
-    cs = cos_sin_ptr + pos * stride_cs
-    cos = tl.load(cs + j, mask=row_ok & rotated, other=1.0)
-    sin = tl.load(cs + HALF + j, mask=row_ok & rotated, other=0.0)
     sign = tl.where(d < HALF, -1.0, 1.0)[None, :]
-    return tl.where(rotated, xf * cos + sign * xpf * sin, xf).to(dtype)
-
-
-@triton.jit
-def _write_new_kv(
-    k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh,
-    k_cache_ptr, v_cache_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    block_table, q_start, q_len, ctx, start, end, kv_head, d,
-    cos_sin_ptr, stride_cs, k_norm_w_ptr, eps,
-    HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-):
-    """This step's keys (normalised and rotated) and values of one kv head go into the cache, for
-    the new positions inside [start, end): the split that reads a position writes it, so no other
-    program depends on the write. Returns them as stored: [BLOCK_T, HEAD_DIM_PAD] keys and
-    values (rows outside the split: 0)."""
-    t = tl.arange(0, BLOCK_T)
-    pos = ctx - q_len + t
-    mine = ((t < q_len) & (pos >= start) & (pos < end))[:, None]
-    token = (q_start + t).to(tl.int64)[:, None]
-    pos = pos.to(tl.int64)[:, None]
-    k = _norm_rope_rows(k_new_ptr + token * stride_knt + kv_head * stride_knh, mine, pos, d,
-                        cos_sin_ptr, stride_cs, k_norm_w_ptr, eps, HAS_NORM, HALF, HEAD_DIM)
-    v = tl.load(v_new_ptr + token * stride_vnt + kv_head * stride_vnh + d[None, :],
-                mask=mine & (d[None, :] < HEAD_DIM), other=0.0)
-    block = tl.load(block_table + pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
-    row = pos % BLOCK_SIZE
-    mask = mine & (d[None, :] < HEAD_DIM)
-    k = k.to(k_cache_ptr.dtype.element_ty)
-    v = v.to(v_cache_ptr.dtype.element_ty)
-    tl.store(k_cache_ptr + block * stride_kb + row * stride_kt + kv_head * stride_kh + d[None, :],
-             k, mask=mask)
-    tl.store(v_cache_ptr + block * stride_vb + row * stride_vt + kv_head * stride_vh + d[None, :],
-             v, mask=mask)
-    # tiles after the first read these rows back: the block's stores first
-    tl.debug_barrier()
-    return k, v
+    return tl.where(d[None, :] < 2 * HALF, xf * cos + sign * xpf * sin, xf).to(dtype)
 
 
 @triton.jit
@@ -147,6 +156,7 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32
     part_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32, log2 units
+    counter_ptr,  # [>= num_seqs * num_kv_heads] int32, zero between calls (unused if DIRECT)
     k_new_ptr,  # [num_tokens, num_kv_heads, HEAD_DIM] this step's keys, before norm/RoPE (ROPE)
     v_new_ptr,  # [num_tokens, num_kv_heads, HEAD_DIM] (ROPE)
     cos_sin_ptr,  # [max_positions, rotary_dim] fp32 (ROPE)
@@ -179,6 +189,8 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr,
+    MERGE_M: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
     ROPE: tl.constexpr,  # q, k_new and v_new are raw projections: norm, rotate and cache them here
@@ -190,10 +202,11 @@ def _decode_split_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # the step's inputs (written before the forward began) and the cache rows of earlier steps
-    # are read before waiting for the previous kernel: the first tile's keys and values are in
-    # flight while it finishes. This step's rows (ctx - q_len onwards) are not read before the
-    # wait: they are this kernel's (ROPE) or the previous kernel's to write.
+    # Everything no kernel of this step writes is read before waiting for the previous kernel:
+    # the step's inputs (written before the forward began), the first tile's keys and values of
+    # earlier steps, the cos/sin and norm weights of RoPE. This step's cache rows (ctx - q_len
+    # onwards) are not: they are this kernel's (ROPE) or the previous kernel's to write. After
+    # the wait the projections are read in one round, and nothing else is until the merge.
     q_start = tl.load(cu_query_lens_ptr + seq)
     q_len = tl.load(cu_query_lens_ptr + seq + 1) - q_start
     ctx = tl.load(context_lens_ptr + seq)
@@ -212,7 +225,6 @@ def _decode_split_kernel(
     old = n_ok & (n < first_new)
     k = load_kv_tile(k_cache_ptr, k_rows, d, old, True, HEAD_DIM, HEAD_DIM_PAD)
     v = load_kv_tile(v_cache_ptr, v_rows, d, old, True, HEAD_DIM, HEAD_DIM_PAD)
-    pdl_wait(USE_PDL)
 
     rows = tl.arange(0, BLOCK_M)  # row = query token * GROUP + head within the group
     tok = rows // GROUP
@@ -223,29 +235,51 @@ def _decode_split_kernel(
     token = (q_start + tok).to(tl.int64)
     q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
     if ROPE:
-        q = _norm_rope_rows(q_rows, row_ok[:, None], q_pos.to(tl.int64)[:, None], d, cos_sin_ptr,
-                            stride_cs, q_norm_w_ptr, norm_eps, HAS_NORM, HALF, HEAD_DIM)
+        q_cos, q_sin, q_w, q_wp = _rope_inputs(
+            q_pos.to(tl.int64)[:, None], row_ok[:, None], d, cos_sin_ptr, stride_cs, q_norm_w_ptr,
+            HAS_NORM, HALF, HEAD_DIM)
+        # this step's tokens whose positions fall in this split: their keys and values go into
+        # the cache here (the split that reads a position writes it, so no other program
+        # depends on the write)
+        t = tl.arange(0, BLOCK_T)
+        t_pos = first_new + t
+        mine = ((t < q_len) & (t_pos >= start) & (t_pos < end))[:, None]
+        t_pos = t_pos.to(tl.int64)[:, None]
+        k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
+                                               k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
+        t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
+    pdl_wait(USE_PDL)
+
+    if ROPE:
+        t_token = (q_start + t).to(tl.int64)[:, None]
+        xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
+        xk, xk_p = _load_rows(k_new_ptr + t_token * stride_knt + kv_head * stride_knh, mine, d,
+                              HALF, HEAD_DIM)
+        t_mask = mine & (d[None, :] < HEAD_DIM)
+        v_step = tl.load(v_new_ptr + t_token * stride_vnt + kv_head * stride_vnh + d[None, :],
+                         mask=t_mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
+        q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
+        k_step = _norm_rope(xk, xk_p, k_cos, k_sin, k_w, k_wp, d, norm_eps, HAS_NORM, HALF,
+                            HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
+        t_row = t_pos % BLOCK_SIZE
+        tl.store(k_cache_ptr + t_block * stride_kb + t_row * stride_kt + kv_head * stride_kh + d[None, :],
+                 k_step, mask=t_mask)
+        tl.store(v_cache_ptr + t_block * stride_vb + t_row * stride_vt + kv_head * stride_vh + d[None, :],
+                 v_step, mask=t_mask)
+        # tiles after the first read these rows back: the block's stores first
+        tl.debug_barrier()
+        # the first tile takes them from registers
+        k = _with_new_rows(k, k_step, n, first_new, q_len, BLOCK_T)
+        v = _with_new_rows(v, v_step, n, first_new, q_len, BLOCK_T)
     else:
         q = tl.load(q_rows + d[None, :], mask=row_mask, other=0.0)
+        new = n_ok & (n >= first_new)
+        k = tl.where(new[:, None], load_kv_tile(k_cache_ptr, k_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), k)
+        v = tl.where(new[:, None], load_kv_tile(v_cache_ptr, v_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), v)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    # the first tile's rows of this step
-    if ROPE:
-        k_step, v_step = _write_new_kv(
-            k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh,
-            k_cache_ptr, v_cache_ptr, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
-            stride_vh, block_table, q_start, q_len, ctx, start, end, kv_head, d,
-            cos_sin_ptr, stride_cs, k_norm_w_ptr, norm_eps, HAS_NORM, HALF, BLOCK_T, BLOCK_SIZE,
-            HEAD_DIM,
-        )
-        k = _with_new_rows(k, k_step, n, first_new, q_len, BLOCK_T)
-        v = _with_new_rows(v, v_step, n, first_new, q_len, BLOCK_T)
-    else:
-        new = n_ok & (n >= first_new)
-        k = tl.where(new[:, None], load_kv_tile(k_cache_ptr, k_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), k)
-        v = tl.where(new[:, None], load_kv_tile(v_cache_ptr, v_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), v)
     acc, l_i, m_i = attend_kv(acc, l_i, m_i, q, q_pos, k, v, n, n_ok, scale_log2, True, PRECISION)
     for n0 in range(start + BLOCK_N, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
@@ -262,8 +296,8 @@ def _decode_split_kernel(
             out.to(out_ptr.dtype.element_ty),
             mask=row_mask,
         )
-    else:
-        # a split past a row's position (or past the context) has seen nothing: weight 0
+    elif start < ctx:  # splits past the context store nothing and do not count
+        # a split past a row's position has seen nothing: weight 0
         seen = l_i > 0.0
         l_safe = tl.where(seen, l_i, 1.0)
         lse = tl.where(seen, m_i + tl.log2(l_safe), float("-inf"))
@@ -273,52 +307,69 @@ def _decode_split_kernel(
             part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc / l_safe[:, None],
             mask=row_mask,
         )
+        # every thread's partials are stored before the (one-thread, acq_rel) atomic publishes
+        # them; the last split of this (sequence, kv head) to arrive merges them all
+        tl.debug_barrier()
+        counter = counter_ptr + seq * tl.num_programs(1) + kv_head
+        used = tl.cdiv(ctx, split_len)
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
+            tl.store(counter, 0)
+            _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_start, q_len, kv_head, used,
+                          num_heads, num_splits, stride_ot, stride_oh, d, GROUP, MERGE_M,
+                          SPLIT_CHUNK, HEAD_DIM)
 
 
 @triton.jit
-def _decode_merge_kernel(
-    part_out_ptr,
-    part_lse_ptr,
+def _merge_splits(
+    part_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32
+    part_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32, log2 units
     out_ptr,
+    q_start,
+    q_len,
+    kv_head,
+    used,  # the splits that hold part of the context: 0 .. used - 1
     num_heads,
     num_splits,
     stride_ot,
     stride_oh,
+    d,  # [HEAD_DIM_PAD] arange
+    GROUP: tl.constexpr,
+    MERGE_M: tl.constexpr,  # >= q_len * GROUP, the rows of one (sequence, kv head)
+    SPLIT_CHUNK: tl.constexpr,  # splits read per round
     HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    pdl_launch_dependents(USE_PDL)
-    pdl_wait(USE_PDL)
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    base = (token * num_heads + head) * num_splits
-    s = tl.arange(0, SPLITS_PAD)
-    lse_max = tl.max(tl.load(part_lse_ptr + base + s, mask=s < num_splits, other=float("-inf")), 0)
-    d = tl.arange(0, HEAD_DIM_PAD)
-    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
-    weight_sum = tl.zeros([SPLIT_CHUNK], tl.float32)
-    # chunks of splits, so that many splits of a wide head do not spill registers
-    for s0 in range(0, num_splits, SPLIT_CHUNK):
+    """out = the splits' partial outputs weighted by 2^lse, for every query row of one (sequence,
+    kv head). At batch 1 every split is read in one round (SPLIT_CHUNK x MERGE_M x HEAD_DIM_PAD
+    fp32 fits the registers); more splits or rows take more rounds, merged with a running max.
+    The partials were stored by other programs: read with .cg, from L2, not this SM's L1."""
+    r = tl.arange(0, MERGE_M)
+    tok = r // GROUP
+    head = kv_head * GROUP + r % GROUP
+    r_ok = tok < q_len
+    token = (q_start + tok).to(tl.int64)
+    base = (token * num_heads + head) * num_splits  # [MERGE_M] each row's first partial
+    run_max = tl.full([MERGE_M], float("-inf"), tl.float32)
+    weight_sum = tl.zeros([MERGE_M], tl.float32)
+    acc = tl.zeros([MERGE_M, d.shape[0]], tl.float32)
+    for s0 in range(0, used, SPLIT_CHUNK):
         c = s0 + tl.arange(0, SPLIT_CHUNK)
-        c_ok = c < num_splits
-        lse = tl.load(part_lse_ptr + base + c, mask=c_ok, other=float("-inf"))
-        weight = tl.exp2(lse - lse_max)  # empty splits weigh 0
-        part = tl.load(
-            part_out_ptr + (base + c)[:, None] * HEAD_DIM + d[None, :],
-            mask=c_ok[:, None] & (d[None, :] < HEAD_DIM),
-            other=0.0,
-        )
-        acc += tl.sum(part * weight[:, None], 0)
-        weight_sum += weight
-    out = acc / tl.sum(weight_sum, 0)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d < HEAD_DIM,
-    )
+        ok = (c < used)[:, None] & r_ok[None, :]  # [SPLIT_CHUNK, MERGE_M]
+        idx = base[None, :] + c[:, None]
+        lse = tl.load(part_lse_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(part_out_ptr + idx[:, :, None] * HEAD_DIM + d[None, None, :],
+                       mask=ok[:, :, None] & (d < HEAD_DIM)[None, None, :], other=0.0,
+                       cache_modifier=".cg")  # [SPLIT_CHUNK, MERGE_M, HEAD_DIM_PAD]
+        new_max = tl.maximum(run_max, tl.max(lse, 0))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # rows with nothing seen yet
+        weight = tl.exp2(lse - shift[None, :])  # splits a row has not seen weigh 0
+        rescale = tl.exp2(run_max - shift)
+        acc = acc * rescale[:, None] + tl.sum(part * weight[:, :, None], 0)
+        weight_sum = weight_sum * rescale + tl.sum(weight, 0)
+        run_max = new_max
+    # every real row has seen its own key in some split
+    out = acc / tl.where(r_ok, weight_sum, 1.0)[:, None]
+    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d[None, :] < HEAD_DIM))
 
 
 def choose_num_splits(
@@ -382,9 +433,14 @@ def paged_attention(
     if num_tokens == 0:
         return out
     direct = num_splits == 1
+    merge_m = next_power_of_2(max_query_len * group)
+    counters = _counters(q.device)
     if direct:
         part_out = part_lse = out  # unused
     else:
+        if num_seqs * num_kv_heads > MAX_SPLIT_GROUPS:
+            raise ValueError(f"split decode attention takes at most {MAX_SPLIT_GROUPS} (sequence, kv head) "
+                             f"pairs, got {num_seqs * num_kv_heads}")
         part_out = torch.empty(
             (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
@@ -407,7 +463,7 @@ def paged_attention(
         rope_args, rope_strides = (q, q, q, q, q, 0.0), (0, 0, 0, 0, 0)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
-        out, part_out, part_lse, *rope_args,
+        out, part_out, part_lse, counters, *rope_args,
         scale * LOG2E, num_heads, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -415,16 +471,10 @@ def paged_attention(
         block_tables.stride(0),
         out.stride(0), out.stride(1), *rope_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct, MERGE_M=merge_m,
+        SPLIT_CHUNK=min(next_power_of_2(num_splits), max(1, MERGE_ELEMENTS // (merge_m * head_dim_pad))),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
-    if not direct:
-        _decode_merge_kernel[(num_tokens, num_heads)](
-            part_out, part_lse, out, num_heads, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            SPLITS_PAD=next_power_of_2(num_splits), SPLIT_CHUNK=min(16, next_power_of_2(num_splits)),
-            USE_PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
-        )
     return out
