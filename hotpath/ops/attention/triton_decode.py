@@ -35,12 +35,11 @@ import triton.language as tl
 
 from hotpath.ops.attention.triton_common import (
     LOG2E,
-    attend_kv,
     attend_tile,
     dot_precision,
     kv_tile_blocks,
-    load_kv_tile,
     next_power_of_2,
+    prefetch_l2,
 )
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
 
@@ -107,6 +106,20 @@ def _rope_inputs(
 
 
 @triton.jit
+def _rope_consts(q_pos, row_ok, t_pos, mine, d, block_table, cos_sin_ptr, stride_cs, q_norm_w_ptr,
+                 k_norm_w_ptr, HAS_NORM: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr):
+    """_rope_inputs of the query rows and of the new key rows, and the new rows' cache blocks."""
+    q_cos, q_sin, q_w, q_wp = _rope_inputs(q_pos.to(tl.int64)[:, None], row_ok[:, None], d,
+                                           cos_sin_ptr, stride_cs, q_norm_w_ptr, HAS_NORM, HALF,
+                                           HEAD_DIM)
+    k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs, k_norm_w_ptr,
+                                           HAS_NORM, HALF, HEAD_DIM)
+    t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
+    return q_cos, q_sin, q_w, q_wp, k_cos, k_sin, k_w, k_wp, t_block
+
+
+@triton.jit
 def _load_rows(base, row_ok, d, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Rows [R, HEAD_DIM_PAD] at `base` ([R, 1] pointers) and the same rows with each element
     replaced by its rotation partner (a second load, so the tile keeps its column order)."""
@@ -131,18 +144,6 @@ def _norm_rope(x, xp, cos, sin, w, wp, d, eps, HAS_NORM: tl.constexpr, HALF: tl.
         xpf = ((xpf * rstd).to(dtype).to(tl.float32) * wp).to(dtype).to(tl.float32)
     sign = tl.where(d < HALF, -1.0, 1.0)[None, :]
     return tl.where(d[None, :] < 2 * HALF, xf * cos + sign * xpf * sin, xf).to(dtype)
-
-
-@triton.jit
-def _with_new_rows(tile, new, n, first_new, q_len, BLOCK_T: tl.constexpr):
-    """tile [BLOCK_N, D] with the rows at positions first_new + t (t < q_len) replaced by
-    new[t] ([BLOCK_T, D]): this step's keys or values, from registers rather than the cache."""
-    t_idx = tl.arange(0, BLOCK_T)[:, None]
-    for t in tl.static_range(BLOCK_T):
-        row = tl.sum(tl.where(t_idx == t, new.to(tl.float32), 0.0), axis=0).to(tile.dtype)
-        hit = (n == first_new + t) & (t < q_len)
-        tile = tl.where(hit[:, None], row[None, :], tile)
-    return tile
 
 
 @triton.jit
@@ -197,6 +198,8 @@ def _decode_split_kernel(
     HAS_NORM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
+    KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
+    EARLY_ROPE: tl.constexpr,  # RoPE's inputs before PDL's wait (more registers)
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -218,13 +221,15 @@ def _decode_split_kernel(
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < end
     first_new = ctx - q_len
-    blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
-    in_block = n % BLOCK_SIZE
-    k_rows = blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh
-    v_rows = blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh
-    old = n_ok & (n < first_new)
-    k = load_kv_tile(k_cache_ptr, k_rows, d, old, True, HEAD_DIM, HEAD_DIM_PAD)
-    v = load_kv_tile(v_cache_ptr, v_rows, d, old, True, HEAD_DIM, HEAD_DIM_PAD)
+    if USE_PDL:
+        # into L2, not registers: holding the tile across the wait took ~140 more registers
+        blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
+        in_block = n % BLOCK_SIZE
+        old = n_ok & (n < first_new)
+        prefetch_l2(k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh,
+                    old, KV_LINES)
+        prefetch_l2(v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh,
+                    old, KV_LINES)
 
     rows = tl.arange(0, BLOCK_M)  # row = query token * GROUP + head within the group
     tok = rows // GROUP
@@ -235,9 +240,6 @@ def _decode_split_kernel(
     token = (q_start + tok).to(tl.int64)
     q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
     if ROPE:
-        q_cos, q_sin, q_w, q_wp = _rope_inputs(
-            q_pos.to(tl.int64)[:, None], row_ok[:, None], d, cos_sin_ptr, stride_cs, q_norm_w_ptr,
-            HAS_NORM, HALF, HEAD_DIM)
         # this step's tokens whose positions fall in this split: their keys and values go into
         # the cache here (the split that reads a position writes it, so no other program
         # depends on the write)
@@ -245,12 +247,17 @@ def _decode_split_kernel(
         t_pos = first_new + t
         mine = ((t < q_len) & (t_pos >= start) & (t_pos < end))[:, None]
         t_pos = t_pos.to(tl.int64)[:, None]
-        k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
-                                               k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
-        t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
+        if EARLY_ROPE:
+            q_cos, q_sin, q_w, q_wp, k_cos, k_sin, k_w, k_wp, t_block = _rope_consts(
+                q_pos, row_ok, t_pos, mine, d, block_table, cos_sin_ptr, stride_cs, q_norm_w_ptr,
+                k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM, BLOCK_SIZE)
     pdl_wait(USE_PDL)
 
     if ROPE:
+        if not EARLY_ROPE:
+            q_cos, q_sin, q_w, q_wp, k_cos, k_sin, k_w, k_wp, t_block = _rope_consts(
+                q_pos, row_ok, t_pos, mine, d, block_table, cos_sin_ptr, stride_cs, q_norm_w_ptr,
+                k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM, BLOCK_SIZE)
         t_token = (q_start + t).to(tl.int64)[:, None]
         xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
         xk, xk_p = _load_rows(k_new_ptr + t_token * stride_knt + kv_head * stride_knh, mine, d,
@@ -266,22 +273,15 @@ def _decode_split_kernel(
                  k_step, mask=t_mask)
         tl.store(v_cache_ptr + t_block * stride_vb + t_row * stride_vt + kv_head * stride_vh + d[None, :],
                  v_step, mask=t_mask)
-        # tiles after the first read these rows back: the block's stores first
+        # the tiles below read these rows back: the block's stores first
         tl.debug_barrier()
-        # the first tile takes them from registers
-        k = _with_new_rows(k, k_step, n, first_new, q_len, BLOCK_T)
-        v = _with_new_rows(v, v_step, n, first_new, q_len, BLOCK_T)
     else:
         q = tl.load(q_rows + d[None, :], mask=row_mask, other=0.0)
-        new = n_ok & (n >= first_new)
-        k = tl.where(new[:, None], load_kv_tile(k_cache_ptr, k_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), k)
-        v = tl.where(new[:, None], load_kv_tile(v_cache_ptr, v_rows, d, new, True, HEAD_DIM, HEAD_DIM_PAD), v)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    acc, l_i, m_i = attend_kv(acc, l_i, m_i, q, q_pos, k, v, n, n_ok, scale_log2, True, PRECISION)
-    for n0 in range(start + BLOCK_N, end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
@@ -370,6 +370,12 @@ def _merge_splits(
     out = acc / tl.where(r_ok, weight_sum, 1.0)[:, None]
     tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d[None, :] < HEAD_DIM))
+
+
+def _early_rope(direct: bool) -> bool:
+    import os
+    v = os.environ.get("HOTPATH_EARLY_ROPE", "auto")
+    return (not direct) if v == "auto" else v == "1"
 
 
 def choose_num_splits(
@@ -475,6 +481,8 @@ def paged_attention(
         SPLIT_CHUNK=min(next_power_of_2(num_splits), max(1, MERGE_ELEMENTS // (merge_m * head_dim_pad))),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
+        KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
+        EARLY_ROPE=_early_rope(direct),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out
