@@ -35,11 +35,12 @@ import triton.language as tl
 
 from hotpath.ops.attention.triton_common import (
     LOG2E,
+    attend_kv,
     attend_tile,
     dot_precision,
     kv_tile_blocks,
+    load_kv_tile,
     next_power_of_2,
-    prefetch_l2,
 )
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
 
@@ -106,17 +107,15 @@ def _rope_inputs(
 
 
 @triton.jit
-def _rope_consts(q_pos, row_ok, t_pos, mine, d, block_table, cos_sin_ptr, stride_cs, q_norm_w_ptr,
-                 k_norm_w_ptr, HAS_NORM: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr):
-    """_rope_inputs of the query rows and of the new key rows, and the new rows' cache blocks."""
-    q_cos, q_sin, q_w, q_wp = _rope_inputs(q_pos.to(tl.int64)[:, None], row_ok[:, None], d,
-                                           cos_sin_ptr, stride_cs, q_norm_w_ptr, HAS_NORM, HALF,
-                                           HEAD_DIM)
-    k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs, k_norm_w_ptr,
-                                           HAS_NORM, HALF, HEAD_DIM)
-    t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
-    return q_cos, q_sin, q_w, q_wp, k_cos, k_sin, k_w, k_wp, t_block
+def _with_new_rows(tile, new, n, first_new, q_len, BLOCK_T: tl.constexpr):
+    """tile [BLOCK_N, D] with the rows at positions first_new + t (t < q_len) replaced by
+    new[t] ([BLOCK_T, D]): this step's keys or values, from registers rather than the cache."""
+    t_idx = tl.arange(0, BLOCK_T)[:, None]
+    for t in tl.static_range(BLOCK_T):
+        row = tl.sum(tl.where(t_idx == t, new.to(tl.float32), 0.0), axis=0).to(tile.dtype)
+        hit = (n == first_new + t) & (t < q_len)
+        tile = tl.where(hit[:, None], row[None, :], tile)
+    return tile
 
 
 @triton.jit
@@ -198,8 +197,7 @@ def _decode_split_kernel(
     HAS_NORM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
-    KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
-    EARLY_ROPE: tl.constexpr,  # RoPE's inputs before PDL's wait (more registers)
+    LOW_LATENCY: tl.constexpr,  # fewest memory rounds after PDL's wait, at a cost in registers
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -221,15 +219,15 @@ def _decode_split_kernel(
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < end
     first_new = ctx - q_len
-    if USE_PDL:
-        # into L2, not registers: holding the tile across the wait took ~140 more registers
+    if LOW_LATENCY:
+        # the first tile's keys and values of earlier steps, held in registers across the wait
         blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
         in_block = n % BLOCK_SIZE
         old = n_ok & (n < first_new)
-        prefetch_l2(k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh,
-                    old, KV_LINES)
-        prefetch_l2(v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh,
-                    old, KV_LINES)
+        k_first = load_kv_tile(k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh,
+                               d, old, True, HEAD_DIM, HEAD_DIM_PAD)
+        v_first = load_kv_tile(v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh,
+                               d, old, True, HEAD_DIM, HEAD_DIM_PAD)
 
     rows = tl.arange(0, BLOCK_M)  # row = query token * GROUP + head within the group
     tok = rows // GROUP
@@ -247,25 +245,29 @@ def _decode_split_kernel(
         t_pos = first_new + t
         mine = ((t < q_len) & (t_pos >= start) & (t_pos < end))[:, None]
         t_pos = t_pos.to(tl.int64)[:, None]
-        if EARLY_ROPE:
-            q_cos, q_sin, q_w, q_wp, k_cos, k_sin, k_w, k_wp, t_block = _rope_consts(
-                q_pos, row_ok, t_pos, mine, d, block_table, cos_sin_ptr, stride_cs, q_norm_w_ptr,
-                k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM, BLOCK_SIZE)
+        if LOW_LATENCY:
+            q_cos, q_sin, q_w, q_wp = _rope_inputs(q_pos.to(tl.int64)[:, None], row_ok[:, None], d,
+                                                   cos_sin_ptr, stride_cs, q_norm_w_ptr, HAS_NORM,
+                                                   HALF, HEAD_DIM)
+            k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
+                                                   k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
+            t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
     pdl_wait(USE_PDL)
 
     if ROPE:
-        if not EARLY_ROPE:
-            q_cos, q_sin, q_w, q_wp, k_cos, k_sin, k_w, k_wp, t_block = _rope_consts(
-                q_pos, row_ok, t_pos, mine, d, block_table, cos_sin_ptr, stride_cs, q_norm_w_ptr,
-                k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM, BLOCK_SIZE)
         t_token = (q_start + t).to(tl.int64)[:, None]
-        xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
+        t_mask = mine & (d[None, :] < HEAD_DIM)
+        if LOW_LATENCY:
+            # the projections in one round
+            xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
         xk, xk_p = _load_rows(k_new_ptr + t_token * stride_knt + kv_head * stride_knh, mine, d,
                               HALF, HEAD_DIM)
-        t_mask = mine & (d[None, :] < HEAD_DIM)
         v_step = tl.load(v_new_ptr + t_token * stride_vnt + kv_head * stride_vnh + d[None, :],
                          mask=t_mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
-        q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
+        if not LOW_LATENCY:
+            k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
+                                                   k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
+            t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
         k_step = _norm_rope(xk, xk_p, k_cos, k_sin, k_w, k_wp, d, norm_eps, HAS_NORM, HALF,
                             HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
         t_row = t_pos % BLOCK_SIZE
@@ -273,7 +275,15 @@ def _decode_split_kernel(
                  k_step, mask=t_mask)
         tl.store(v_cache_ptr + t_block * stride_vb + t_row * stride_vt + kv_head * stride_vh + d[None, :],
                  v_step, mask=t_mask)
-        # the tiles below read these rows back: the block's stores first
+        if not LOW_LATENCY:
+            # the query's rows and RoPE inputs only now: fewer values live at once, fewer
+            # registers, more programs per SM where the batch fills the GPU
+            xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
+            q_cos, q_sin, q_w, q_wp = _rope_inputs(q_pos.to(tl.int64)[:, None], row_ok[:, None], d,
+                                                   cos_sin_ptr, stride_cs, q_norm_w_ptr, HAS_NORM,
+                                                   HALF, HEAD_DIM)
+        q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
+        # the tiles below read the new rows back: the block's stores first
         tl.debug_barrier()
     else:
         q = tl.load(q_rows + d[None, :], mask=row_mask, other=0.0)
@@ -281,7 +291,23 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    loop_start = start
+    if LOW_LATENCY:
+        if ROPE:  # this step's rows of the first tile, from registers
+            k_first = _with_new_rows(k_first, k_step, n, first_new, q_len, BLOCK_T)
+            v_first = _with_new_rows(v_first, v_step, n, first_new, q_len, BLOCK_T)
+        else:  # the previous kernel's, read now
+            new = n_ok & (n >= first_new)
+            k_first = tl.where(new[:, None], load_kv_tile(
+                k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh, d, new,
+                True, HEAD_DIM, HEAD_DIM_PAD), k_first)
+            v_first = tl.where(new[:, None], load_kv_tile(
+                v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh, d, new,
+                True, HEAD_DIM, HEAD_DIM_PAD), v_first)
+        acc, l_i, m_i = attend_kv(acc, l_i, m_i, q, q_pos, k_first, v_first, n, n_ok, scale_log2,
+                                  True, PRECISION)
+        loop_start = start + BLOCK_N
+    for n0 in range(loop_start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
@@ -370,12 +396,6 @@ def _merge_splits(
     out = acc / tl.where(r_ok, weight_sum, 1.0)[:, None]
     tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d[None, :] < HEAD_DIM))
-
-
-def _early_rope(direct: bool) -> bool:
-    import os
-    v = os.environ.get("HOTPATH_EARLY_ROPE", "auto")
-    return (not direct) if v == "auto" else v == "1"
 
 
 def choose_num_splits(
@@ -481,8 +501,7 @@ def paged_attention(
         SPLIT_CHUNK=min(next_power_of_2(num_splits), max(1, MERGE_ELEMENTS // (merge_m * head_dim_pad))),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
-        KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
-        EARLY_ROPE=_early_rope(direct),
+        LOW_LATENCY=not direct,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out
