@@ -63,6 +63,23 @@ def kv_tile_blocks(
 
 
 @triton.jit
+def prefetch_l2(
+    cache_ptr,
+    row_offsets,  # [BLOCK_N] int64 element offset of each key's row for this kv head
+    n_ok,  # [BLOCK_N] bool
+    LINES: tl.constexpr,  # 128-byte lines per row (a power of 2)
+):
+    """Asks for the rows' 128-byte lines to be brought into L2 (PTX prefetch; NVIDIA only, for
+    kernels that read them after PDL's wait). Nothing comes back into registers."""
+    line = tl.arange(0, LINES) * (128 * 8 // cache_ptr.dtype.element_ty.primitive_bitwidth)
+    ptrs = cache_ptr + row_offsets[:, None] + line[None, :]
+    ok = (n_ok[:, None] & (line >= 0)[None, :]).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, ok], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def attend_kv(
     acc,  # [BLOCK_M, HEAD_DIM_PAD] fp32
     l_i,  # [BLOCK_M] fp32

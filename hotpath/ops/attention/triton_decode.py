@@ -35,12 +35,11 @@ import triton.language as tl
 
 from hotpath.ops.attention.triton_common import (
     LOG2E,
-    attend_kv,
     attend_tile,
     dot_precision,
     kv_tile_blocks,
-    load_kv_tile,
     next_power_of_2,
+    prefetch_l2,
 )
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
 
@@ -104,18 +103,6 @@ def _rope_inputs(
         w = cos  # unused
         wp = cos
     return cos, sin, w, wp
-
-
-@triton.jit
-def _with_new_rows(tile, new, n, first_new, q_len, BLOCK_T: tl.constexpr):
-    """tile [BLOCK_N, D] with the rows at positions first_new + t (t < q_len) replaced by
-    new[t] ([BLOCK_T, D]): this step's keys or values, from registers rather than the cache."""
-    t_idx = tl.arange(0, BLOCK_T)[:, None]
-    for t in tl.static_range(BLOCK_T):
-        row = tl.sum(tl.where(t_idx == t, new.to(tl.float32), 0.0), axis=0).to(tile.dtype)
-        hit = (n == first_new + t) & (t < q_len)
-        tile = tl.where(hit[:, None], row[None, :], tile)
-    return tile
 
 
 @triton.jit
@@ -198,6 +185,7 @@ def _decode_split_kernel(
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
     LOW_LATENCY: tl.constexpr,  # fewest memory rounds after PDL's wait, at a cost in registers
+    KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -219,15 +207,16 @@ def _decode_split_kernel(
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < end
     first_new = ctx - q_len
-    if LOW_LATENCY:
-        # the first tile's keys and values of earlier steps, held in registers across the wait
+    if LOW_LATENCY and USE_PDL:
+        # the first tile's keys and values of earlier steps, into L2 (holding them in registers
+        # across the wait instead took 217 registers and measured slower)
         blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
         in_block = n % BLOCK_SIZE
         old = n_ok & (n < first_new)
-        k_first = load_kv_tile(k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh,
-                               d, old, True, HEAD_DIM, HEAD_DIM_PAD)
-        v_first = load_kv_tile(v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh,
-                               d, old, True, HEAD_DIM, HEAD_DIM_PAD)
+        prefetch_l2(k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh,
+                    old, KV_LINES)
+        prefetch_l2(v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh,
+                    old, KV_LINES)
 
     rows = tl.arange(0, BLOCK_M)  # row = query token * GROUP + head within the group
     tok = rows // GROUP
@@ -291,23 +280,7 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    loop_start = start
-    if LOW_LATENCY:
-        if ROPE:  # this step's rows of the first tile, from registers
-            k_first = _with_new_rows(k_first, k_step, n, first_new, q_len, BLOCK_T)
-            v_first = _with_new_rows(v_first, v_step, n, first_new, q_len, BLOCK_T)
-        else:  # the previous kernel's, read now
-            new = n_ok & (n >= first_new)
-            k_first = tl.where(new[:, None], load_kv_tile(
-                k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh, d, new,
-                True, HEAD_DIM, HEAD_DIM_PAD), k_first)
-            v_first = tl.where(new[:, None], load_kv_tile(
-                v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh, d, new,
-                True, HEAD_DIM, HEAD_DIM_PAD), v_first)
-        acc, l_i, m_i = attend_kv(acc, l_i, m_i, q, q_pos, k_first, v_first, n, n_ok, scale_log2,
-                                  True, PRECISION)
-        loop_start = start + BLOCK_N
-    for n0 in range(loop_start, end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
@@ -501,7 +474,7 @@ def paged_attention(
         SPLIT_CHUNK=min(next_power_of_2(num_splits), max(1, MERGE_ELEMENTS // (merge_m * head_dim_pad))),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
-        LOW_LATENCY=not direct,
+        LOW_LATENCY=not direct, KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out
