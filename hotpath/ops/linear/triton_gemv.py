@@ -40,7 +40,6 @@ at run time, so the op can be captured in a CUDA graph on its first call).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -56,10 +55,6 @@ DOT_BLOCK_M = 16
 PROGRAMS_PER_SM = 4
 # One counter per N tile of a split-K op; a split op never has more N tiles than this.
 MAX_SPLIT_TILES = 4096
-# Registers a thread may use in the 8-warp element-wise configs: 64 gives 4 programs per SM (4 x
-# 32 KB tiles in flight); ptxas otherwise takes 80-100 in the gated and residual forms (3 per SM)
-# although 64 fit them without spilling (sm_90, compiled and checked with cuobjdump -res-usage)
-WIDE_TILE_MAX_REGISTERS = 64
 
 
 @dataclass(frozen=True)
@@ -303,16 +298,6 @@ def _gemv_kernel(
 RmsInput = tuple[torch.Tensor, torch.Tensor, float]
 
 
-def _has_maxnreg(device: torch.device) -> bool:
-    """Whether kernels on `device` take a register limit (NVIDIA's backend; HOTPATH_GEMV_MAXNREG=0
-    turns it off for A/B timing)."""
-    if device.type != "cuda" or torch.version.hip or os.environ.get("HOTPATH_GEMV_MAXNREG", "1") == "0":
-        return False
-    from triton.backends.nvidia.compiler import CUDAOptions
-
-    return "maxnreg" in CUDAOptions.__dataclass_fields__
-
-
 def linear(
     x: torch.Tensor,  # [..., K]
     weight: torch.Tensor,  # [N, K], K contiguous
@@ -403,9 +388,6 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
     else:
         stat_in, norm_w, eps = out, out, 0.0
     use_pdl = pdl_enabled(x.device)
-    limits = {}
-    if cfg.num_warps == 8 and not cfg.use_dot and _has_maxnreg(x.device):
-        limits["maxnreg"] = WIDE_TILE_MAX_REGISTERS
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,
         norm_w, stat_in, stat_in.shape[0], eps, stat if stat is not None else out,
@@ -425,6 +407,5 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=use_pdl,
-        **limits,
     )
     return out.view(*x.shape[:-1], N), stat
