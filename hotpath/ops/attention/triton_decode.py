@@ -10,10 +10,14 @@ says which) merges them, reading every split's partials in one round at batch 1.
 split the program writes the output directly.
 
 At batch 1 the kernel is a chain of latencies, not a stream of bytes (a 1k context is ~2 MB), so
-it is arranged to have few dependent memory rounds after PDL's wait: the first tile of keys and
-values of earlier steps, the block table, cos/sin and the norm weights are read before the wait,
-while the qkv projection finishes; after it, the projections in one round; then the merge's
-counter and its read of the partials. A separate merge kernel cost ~2.5 us a layer more (H200).
+it is arranged to have few dependent memory rounds after PDL's wait: before the wait, while the
+qkv projection finishes, the first tile of keys and values of earlier steps is prefetched into L2
+(holding it in registers instead measured slower) and the block table, cos/sin and the norm
+weights are read; after it, the projections in one round, the tiles from L2; then the merge's
+counter and its read of the partials (a separate merge kernel added 2.1-2.5 us a layer on an
+H200; merging here, ~0.4 us less at Qwen3-0.6B). Calls without splits, where the batch fills the
+GPU, are occupancy-bound instead: they skip the prefetch and load the query late, for registers
+(102 rather than 146 a thread at Qwen3-8B shapes). docs/benchmarks.md, run E, has the figures.
 
 The number of splits is fixed on the host (from the batch size and max_context_len, so a CUDA graph
 captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
@@ -23,8 +27,8 @@ uses as many splits as it has tiles, rather than leaving the work to the first.
 With ROPE the kernel also does what ops/rotary's qk_norm_rope_and_cache does before it, saving that
 launch in decode: each program normalises and rotates its query rows as it loads them, and the
 program whose split holds a new position writes that token's rotated key and its value into the
-cache (a block barrier orders that before any later tile reads it back; the first tile takes the
-new rows from registers; no other program reads those rows).
+cache (a block barrier orders that before the tiles read it back; no other program reads those
+rows).
 """
 
 from __future__ import annotations
@@ -191,11 +195,11 @@ def _decode_split_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # Everything no kernel of this step writes is read before waiting for the previous kernel:
-    # the step's inputs (written before the forward began), the first tile's keys and values of
-    # earlier steps, the cos/sin and norm weights of RoPE. This step's cache rows (ctx - q_len
-    # onwards) are not: they are this kernel's (ROPE) or the previous kernel's to write. After
-    # the wait the projections are read in one round, and nothing else is until the merge.
+    # Before waiting for the previous kernel, only what no kernel of this step writes: the
+    # step's inputs (written before the forward began) and, in split calls, the first tile of
+    # keys and values of earlier steps (into L2), cos/sin and the norm weights. This step's cache
+    # rows (ctx - q_len onwards) are not read before the wait: they are this kernel's (ROPE) or
+    # the previous kernel's to write.
     q_start = tl.load(cu_query_lens_ptr + seq)
     q_len = tl.load(cu_query_lens_ptr + seq + 1) - q_start
     ctx = tl.load(context_lens_ptr + seq)
