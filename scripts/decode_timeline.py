@@ -13,10 +13,8 @@ from pathlib import Path
 
 import torch
 
-from hotpath.bench.presets import preset_dir
-from hotpath.engine.args import EngineArgs
-from hotpath.engine.engine import Engine
-from hotpath.sampling_params import SamplingParams
+from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
+
 
 def label_kernels(names: list[str]) -> list[str]:
     """A role for each kernel of one step: GEMVs by their place in a layer (qkv, o_proj, gate_up,
@@ -43,14 +41,7 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--replays", type=int, default=20)
     ns = ap.parse_args()
-    engine = Engine(EngineArgs(model=str(preset_dir(ns.preset)), load_format="dummy",
-                               skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=1,
-                               enable_prefix_caching=False, num_gpu_blocks_override=128,
-                               async_scheduling=False))
-    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
-    engine.add_request("r", {"prompt_token_ids": list(range(100, 612))}, params)
-    for _ in range(20):
-        engine.step()
+    engine = decoding_engine(ns.preset)
     graph, _ = engine.runner.graphs[1]
     for _ in range(10):
         graph.replay()

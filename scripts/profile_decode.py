@@ -20,21 +20,27 @@ from hotpath.engine.engine import Engine
 from hotpath.sampling_params import SamplingParams
 
 
+def decoding_engine(preset: str) -> Engine:
+    """An engine (random weights at the preset's shape) 20 steps into decoding one sequence
+    after a 512-token prompt, with no step in flight (async scheduling off)."""
+    engine = Engine(EngineArgs(model=str(preset_dir(preset)), load_format="dummy",
+                               skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=1,
+                               enable_prefix_caching=False, num_gpu_blocks_override=128,
+                               async_scheduling=False))
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    engine.add_request("r", {"prompt_token_ids": list(range(100, 612))}, params)
+    for _ in range(20):
+        engine.step()
+    return engine
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen3-8b")
     ap.add_argument("--out", default=".")
     ns = ap.parse_args()
     out = Path(ns.out)
-    engine = Engine(EngineArgs(model=str(preset_dir(ns.preset)), load_format="dummy",
-                               skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=1,
-                               enable_prefix_caching=False, num_gpu_blocks_override=128,
-                               # the eager forward below needs no step in flight
-                               async_scheduling=False))
-    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
-    engine.add_request("r", {"prompt_token_ids": list(range(100, 612))}, params)
-    for _ in range(20):
-        engine.step()
+    engine = decoding_engine(ns.preset)
 
     steps = 100
     t = time.perf_counter()

@@ -80,37 +80,6 @@ def prefetch_l2(
 
 
 @triton.jit
-def attend_kv(
-    acc,  # [BLOCK_M, HEAD_DIM_PAD] fp32
-    l_i,  # [BLOCK_M] fp32
-    m_i,  # [BLOCK_M] fp32
-    q,  # [BLOCK_M, HEAD_DIM_PAD]
-    q_pos,  # [BLOCK_M] position of each query row
-    k,  # [BLOCK_N, HEAD_DIM_PAD] the tile's keys
-    v,  # [BLOCK_N, HEAD_DIM_PAD] and values
-    n,  # [BLOCK_N] their positions
-    n_ok,  # [BLOCK_N] bool: a key to attend to (used only when MASKED)
-    scale_log2,
-    MASKED: tl.constexpr,  # apply the causal mask and n_ok
-    PRECISION: tl.constexpr,
-):
-    """The running softmax and output updated with one tile of keys and values."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-    if MASKED:
-        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # a row that has seen no visible key yet keeps m = -inf; shift it by 0 instead so that
-    # exp2 gives 0 rather than exp2(-inf - -inf) = nan
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_shift[:, None])
-    alpha = tl.exp2(m_i - m_shift)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def attend_tile(
     acc,  # [BLOCK_M, HEAD_DIM_PAD] fp32
     l_i,  # [BLOCK_M] fp32
@@ -138,13 +107,26 @@ def attend_tile(
     HEAD_DIM_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """attend_kv on the tile of keys [n0, n0 + BLOCK_N), gathered from the paged cache."""
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < n_end
     blocks = kv_tile_blocks(block_table_ptr, n, n_ok, MASKED, BLOCK_SIZE)
     in_block = n % BLOCK_SIZE
     k_rows = blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh
     k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+    # values loaded with the keys, not after the scores: one memory round a tile where nothing
+    # pipelines it (a decode split of one tile); this is the order measured in run E
     v_rows = blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh
     v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-    return attend_kv(acc, l_i, m_i, q, q_pos, k, v, n, n_ok, scale_log2, MASKED, PRECISION)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row that has seen no visible key yet keeps m = -inf; shift it by 0 instead so that
+    # exp2 gives 0 rather than exp2(-inf - -inf) = nan
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_shift[:, None])
+    alpha = tl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, l_i, m_new

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
 
 # x's rows padded to this for the tensor-core path (a dot's smallest dimension)
@@ -259,7 +260,7 @@ def _gemv_kernel(
         else:
             w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
         pdl_wait(USE_PDL)
-        # one row: the statistic's partials are as many as the producer's N tiles, in one load
+        # one row: the producer's N tiles' partials, in one load up to 1024 of them
         rstd = tl.sum(_rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024)) if NORM_INPUT else 1.0
         acc_n = _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
@@ -291,11 +292,6 @@ def _gemv_kernel(
     else:
         _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
                    GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
-
-
-# (partial sums of squares [T, M] fp32 of x's rows, as linear_add_residual returns them; the
-# RMSNorm's weight [K]; its eps)
-RmsInput = tuple[torch.Tensor, torch.Tensor, float]
 
 
 def linear(
