@@ -1,0 +1,93 @@
+"""Registers and spills of the batch-1 decode kernels at Qwen3-8B shapes, compiled for an H200
+(sm_90) on any Linux machine, GPU or not (Triton's wheel carries ptxas). The launches are captured
+from the real host functions, with the H200's 132 SMs so that they pick the H200's splits and
+tiles, and compiled as the GPU launch would specialise them, PDL on as on Hopper.
+
+    python scripts/kernel_registers.py        # one JSON object: kernel -> [registers, spilled bytes]
+
+Registers decide how many programs fit on an SM: at 4 warps, 128 registers a thread allow 4.
+"""
+
+import json
+import os
+import sys
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run without TRITON_INTERPRET=1: the kernels must be compiled, not interpreted")
+
+import torch  # noqa: E402
+
+from hotpath.ops.attention import triton_decode  # noqa: E402
+from hotpath.ops.linear import triton_gemv  # noqa: E402
+from hotpath.ops.triton_utils import compiled_resources  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE = 32, 8, 128, 4096, 12288
+BF16 = dict(dtype=torch.bfloat16)
+
+
+class _Capture:
+    """Stands in for a @triton.jit kernel: records the launch instead of running it."""
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        self.args = args
+        self.kwargs = {k: v for k, v in kwargs.items() if k != "launch_pdl"} | {"USE_PDL": True}
+
+
+def resources(module, kernel_name: str, launch) -> tuple[int, int]:
+    kernel, sm_count = getattr(module, kernel_name), module.sm_count
+    capture = _Capture()
+    setattr(module, kernel_name, capture)
+    module.sm_count = lambda device: 132
+    try:
+        launch()
+    finally:
+        setattr(module, kernel_name, kernel)
+        module.sm_count = sm_count
+    return compiled_resources(kernel, capture.args, capture.kwargs)
+
+
+def decode_attention(batch: int) -> tuple[int, int]:
+    """A decode step at a 700-token context in a graph sized for 784 (the bench's batch-1 shape)."""
+    blocks_per_seq = 49
+    qkv = torch.empty(batch, (HEADS + 2 * KV_HEADS) * HEAD_DIM, **BF16)  # the qkv projection's rows
+    q = qkv[:, : HEADS * HEAD_DIM].view(batch, HEADS, HEAD_DIM)
+    k = qkv[:, HEADS * HEAD_DIM : (HEADS + KV_HEADS) * HEAD_DIM].view(batch, KV_HEADS, HEAD_DIM)
+    v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(batch, KV_HEADS, HEAD_DIM)
+    k_cache = torch.empty(batch * blocks_per_seq, 16, KV_HEADS, HEAD_DIM, **BF16)
+    v_cache = torch.empty_like(k_cache)
+    cu_query_lens = torch.arange(batch + 1, dtype=torch.int32)
+    context_lens = torch.full((batch,), 700, dtype=torch.int32)
+    block_tables = torch.arange(batch * blocks_per_seq, dtype=torch.int32).view(batch, blocks_per_seq)
+    rope = (k, v, torch.empty(1024, HEAD_DIM), torch.empty(HEAD_DIM, **BF16), torch.empty(HEAD_DIM, **BF16), 1e-6)
+    return resources(triton_decode, "_decode_split_kernel", lambda: triton_decode.paged_attention(
+        q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, HEAD_DIM**-0.5, 1, 784,
+        rope=rope))
+
+
+def projections() -> dict[str, tuple[int, int]]:
+    """A layer's batch-1 projections in their fused forms (DecoderLayer.forward_one_row)."""
+    h = torch.empty(1, HIDDEN, **BF16)
+    rms = (torch.empty(512, 1), torch.empty(HIDDEN, **BF16), 1e-6)
+    launches = {
+        "qkv": lambda: triton_gemv.linear(h, torch.empty(6144, HIDDEN, **BF16), rms=rms),
+        "gate_up": lambda: triton_gemv.linear_silu_and_mul(h, torch.empty(2 * INTERMEDIATE, HIDDEN, **BF16), rms=rms),
+        "o_proj": lambda: triton_gemv.linear_add_residual(
+            torch.empty(1, HIDDEN, **BF16), torch.empty(HIDDEN, HIDDEN, **BF16), h),
+        "down": lambda: triton_gemv.linear_add_residual(
+            torch.empty(1, INTERMEDIATE, **BF16), torch.empty(HIDDEN, INTERMEDIATE, **BF16), h),
+    }
+    return {name: resources(triton_gemv, "_gemv_kernel", launch) for name, launch in launches.items()}
+
+
+def main() -> None:
+    table = {"attention, batch 1 (splits)": decode_attention(1),
+             "attention, batch 64 (no splits)": decode_attention(64)}
+    table.update({f"gemv {name}": r for name, r in projections().items()})
+    print(json.dumps(table))
+
+
+if __name__ == "__main__":
+    main()

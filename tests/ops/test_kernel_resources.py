@@ -1,0 +1,40 @@
+"""Registers of the batch-1 decode kernels at Qwen3-8B shapes, compiled for the H200 (sm_90) on
+the CPU by scripts/kernel_registers.py (Triton's ptxas; a process of its own, since this test
+session interprets the kernels). Registers decide how many programs fit on an SM: holding a KV
+tile across PDL's wait once took decode attention from 96 registers to 237 and batch-64 decode
+from 5 programs per SM to 2, a regression no CPU test saw."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Triton's ptxas is Linux-only")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_registers.py"
+
+
+@pytest.fixture(scope="module")
+def table() -> dict[str, list[int]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_no_kernel_spills(table):
+    assert len(table) == 6
+    assert all(spilled == 0 for _, spilled in table.values()), table
+
+
+def test_register_ceilings(table):
+    # batch 64 has 512 programs of 4 warps: at most 128 registers keeps 4 of them per SM
+    assert table["attention, batch 64 (no splits)"][0] <= 128, table
+    # batch 1 has 104 programs, fewer than the SMs; a ceiling well below the 237 that hurt
+    assert table["attention, batch 1 (splits)"][0] <= 160, table
+    # the 8-warp GEMVs: at least 3 programs per SM (at most 85 registers)
+    assert all(table[f"gemv {op}"][0] <= 85 for op in ("qkv", "gate_up", "o_proj", "down")), table
