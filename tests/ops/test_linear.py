@@ -109,6 +109,22 @@ def test_interpreter_fused_norm_and_residual(M, N, K, use_dot, split_k, interpre
                       config=split_config(use_dot, split_k))
 
 
+@pytest.mark.parametrize("M,use_dot", [(1, False), (3, True)])
+def test_interpreter_rms_statistic_in_many_parts(M, use_dot, interpreter, poisoned):
+    """The rms= prologue adds more partial sums than one load takes (1,500: over the one-row
+    path's 1,024 and the tensor-core path's 64 per round), as a wide model's producer leaves."""
+    from hotpath.ops.linear import triton_gemv
+
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(M, 3000, generator=g) * 3
+    sumsq = torch.stack([c.pow(2).sum(-1) for c in h.tensor_split(1500, dim=-1)])  # [1500, M]
+    norm_w = torch.rand(3000, generator=g) + 0.5
+    weight = torch.randn(40, 3000, generator=g) / 3000**0.5
+    rms = (sumsq, norm_w, 1e-6)
+    got = triton_gemv.linear(h, weight, config=split_config(use_dot, 1, block_k=1024), rms=rms)
+    check(got, reference.rms_normalize(h, *rms), weight, None, TOL[torch.float32])
+
+
 def test_dispatch_fused_forms_reference():
     """The reference side of the fused forms equals the unfused ops they replace."""
     from hotpath.ops.norm import reference as norm_reference
