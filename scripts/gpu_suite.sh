@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU fast path must show, from one call on the device machine (see
-# docs/benchmarks.md). Usage: bash scripts/gpu_suite.sh [tests] [decode] [prefill] (default all); results in $OUT.
+# docs/benchmarks.md). Usage: bash scripts/gpu_suite.sh [tests] [decode] [prefill] [timeline] [profile]
+# (default all but profile); results in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hotpath-gpu}
@@ -25,6 +26,12 @@ fi
 if [[ $what == *" prefill "* || $what == *" all "* ]]; then
   bench --preset qwen3-8b --batch-size 1 --input-len 8192 --output-len 8 --json "$OUT/qwen3-8b_prefill8k.json"
   bench --preset qwen3-8b --batch-size 1 --input-len 32768 --output-len 8 --json "$OUT/qwen3-8b_prefill32k.json"
+fi
+if [[ $what == *" timeline "* || $what == *" all "* ]]; then
+  # what each kernel of the batch-1 decode graph adds to the step, and the kernels' registers
+  python3 scripts/decode_timeline.py --preset qwen3-0.6b --out "$OUT" | tail -12
+  python3 scripts/decode_timeline.py --preset qwen3-8b --out "$OUT" | tail -12
+  python3 scripts/kernel_registers.py | tee "$OUT/kernel_registers.json"
 fi
 if [[ $what == *" profile "* ]]; then
   python3 scripts/profile_decode.py --preset qwen3-0.6b --out "$OUT" | tail -30
