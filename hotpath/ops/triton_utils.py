@@ -58,7 +58,11 @@ def row_warps(block: int) -> int:
 #   - call `pdl_wait(USE_PDL)` before reading anything an earlier kernel writes, and before writing
 #     anything. The wait returns once the previous kernel has completed and its writes are visible;
 #     since that kernel waited for its own predecessor, every earlier kernel has completed too.
-# Kernels launched without PDL (torch's, cuBLAS) are ordered as usual.
+# Kernels launched without PDL (torch's, cuBLAS) are ordered as usual, and a PDL kernel may start
+# early only behind another PDL kernel. A forward starts behind one launched without PDL (the
+# embedding lookup) or a new graph launch, so whatever earlier forwards wrote, such as the KV
+# cache rows of earlier steps, is complete before any of its kernels starts and may be read before
+# the wait (decode attention prefetches them); what this forward writes may not.
 
 _pdl: dict[int, bool] = {}
 
