@@ -90,14 +90,14 @@ class DecoderLayer(nn.Module):
         self,
         positions: torch.Tensor,
         h: torch.Tensor,  # [1, hidden], the residual stream, updated in place
-        sumsq: torch.Tensor | None,  # [T, 1] fp32, h's partial sums of squares (None: not gathered yet)
+        sumsq: torch.Tensor | None,  # [T, 1] fp32 h's partial sums of squares (None: none yet)
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [T, 1] fp32, the new h's
         """`forward` for a one-token step, where every projection is a GEMV: each RMSNorm is
         applied as the next projection loads its input (from the statistic the previous one's
         epilogue gathered while adding into the residual), and SiLU-and-mul is fused into
-        gate_up: four GEMV launches and one of attention (QK-norm, RoPE and the split merge included)
-        per layer, rather than ten launches."""
+        gate_up: four GEMV launches and one of attention (QK-norm, RoPE and the merge of its
+        splits included) per layer, rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
         norm, post_norm = self.input_layernorm, self.post_attention_layernorm
         if sumsq is None:  # the first layer: its input norm is a launch of its own

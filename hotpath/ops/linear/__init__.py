@@ -45,8 +45,9 @@ def linear(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., out_features]
     """x @ weight^T (+ bias); with `rms`, of RMSNorm(x) from the partial sums of squares that
-    linear_add_residual returned for x (fused into the GEMV's loads where it runs). The result has x's dtype's values, stored as
-    `out_dtype` (e.g. fp32 logits: the GEMV writes them directly, no conversion launch)."""
+    linear_add_residual returned for x (fused into the GEMV's loads where it runs). The result
+    has x's dtype's values, stored as `out_dtype` (e.g. fp32 logits: the GEMV writes them
+    directly, no conversion launch)."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
 
