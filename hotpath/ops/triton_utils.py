@@ -45,6 +45,20 @@ def row_warps(block: int) -> int:
     return 16
 
 
+_counters: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def zeroed_counters(purpose: str, size: int, device: torch.device) -> torch.Tensor:
+    """[size] int32 counters for a kernel whose last program to arrive (an atomic add says which)
+    does a final step: allocated once per (purpose, device) as zeros, and left at zero by every
+    call, so a CUDA graph can replay them. Shared by every call for that purpose on the device:
+    such calls must not run concurrently on two streams."""
+    key = (purpose, device)
+    if key not in _counters:
+        _counters[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return _counters[key]
+
+
 # ---- programmatic dependent launch (PDL) ------------------------------------------------------
 # On Hopper and later a kernel launched with PDL may start while the kernel before it on the
 # stream is still running: its programs become resident as the previous kernel's programs finish,

@@ -32,6 +32,8 @@ def test_package_imports_without_triton():
         "import sys; sys.modules['triton'] = None\n"  # make `import triton` fail
         "import hotpath.ops.attention, hotpath.ops.norm, hotpath.ops.rotary, hotpath.ops.activation\n"
         "import hotpath.models.llama\n"
+        "import torch, hotpath.ops.sampling as s\n"
+        "ids, lps = s.greedy_sample(torch.randn(2, 10))\n"
         "assert not any(m.startswith('triton') and sys.modules[m] for m in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -45,7 +45,13 @@ from hotpath.ops.attention.triton_common import (
     next_power_of_2,
     prefetch_l2,
 )
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch_dependents,
+    pdl_wait,
+    sm_count,
+    zeroed_counters,
+)
 
 # Measured on an H200 (hotpath.ops.bench_kernels: batch 1 and 64, Qwen3-8B heads, bf16): decode
 # is bound by how many bytes each SM keeps in flight: 16 KB key tiles (64 keys of head_dim 128; with
@@ -62,15 +68,10 @@ MERGE_ELEMENTS = 8192
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
 
-_merge_counters: dict[torch.device, torch.Tensor] = {}
-
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """The device's merge counters: allocated once (zeros), left at zero by every call. Shared by
-    every call on the device, so calls must not run concurrently on two streams."""
-    if device not in _merge_counters:
-        _merge_counters[device] = torch.zeros(MAX_SPLIT_GROUPS, dtype=torch.int32, device=device)
-    return _merge_counters[device]
+    """The merge counters, one per (sequence, kv head) of a split call."""
+    return zeroed_counters("decode attention merge", MAX_SPLIT_GROUPS, device)
 
 
 @triton.jit

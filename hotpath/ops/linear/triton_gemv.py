@@ -47,7 +47,13 @@ import triton
 import triton.language as tl
 
 from hotpath.ops.linear.reference import RmsInput
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, sm_count
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch_dependents,
+    pdl_wait,
+    sm_count,
+    zeroed_counters,
+)
 
 # x's rows padded to this for the tensor-core path (a dot's smallest dimension)
 DOT_BLOCK_M = 16
@@ -68,15 +74,9 @@ class GemvConfig:
     use_dot: bool  # tensor cores (x's rows padded to DOT_BLOCK_M) or element-wise FMAs
 
 
-_split_counters: dict[torch.device, torch.Tensor] = {}
-
-
 def _counters(device: torch.device) -> torch.Tensor:
-    """The device's counters, one per split-K tile: allocated once (zeros), left at zero by every
-    call."""
-    if device not in _split_counters:
-        _split_counters[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
-    return _split_counters[device]
+    """The split-K counters, one per N tile of a split op."""
+    return zeroed_counters("gemv split-K", MAX_SPLIT_TILES, device)
 
 
 def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
