@@ -180,7 +180,8 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
-    DIRECT: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split: the batch fills the GPU (occupancy-bound: few registers);
+    # with splits, latency-bound: fewest memory rounds after PDL's wait, at a cost in registers
     MERGE_M: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -189,7 +190,6 @@ def _decode_split_kernel(
     HAS_NORM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
-    LOW_LATENCY: tl.constexpr,  # fewest memory rounds after PDL's wait, at a cost in registers
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
 ):
     pdl_launch_dependents(USE_PDL)
@@ -212,7 +212,7 @@ def _decode_split_kernel(
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < end
     first_new = ctx - q_len
-    if LOW_LATENCY and USE_PDL:
+    if not DIRECT and USE_PDL:
         # the first tile's keys and values of earlier steps, into L2 (holding them in registers
         # across the wait instead took 217 registers and measured slower)
         blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
@@ -239,7 +239,7 @@ def _decode_split_kernel(
         t_pos = first_new + t
         mine = ((t < q_len) & (t_pos >= start) & (t_pos < end))[:, None]
         t_pos = t_pos.to(tl.int64)[:, None]
-        if LOW_LATENCY:
+        if not DIRECT:
             q_cos, q_sin, q_w, q_wp = _rope_inputs(q_pos.to(tl.int64)[:, None], row_ok[:, None], d,
                                                    cos_sin_ptr, stride_cs, q_norm_w_ptr, HAS_NORM,
                                                    HALF, HEAD_DIM)
@@ -251,7 +251,7 @@ def _decode_split_kernel(
     if ROPE:
         t_token = (q_start + t).to(tl.int64)[:, None]
         t_mask = mine & (d[None, :] < HEAD_DIM)
-        if LOW_LATENCY:
+        if not DIRECT:
             # the projections in one round, the query rotated first (measured 4% faster at
             # Qwen3-0.6B than after the cache write, H200)
             xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
@@ -259,7 +259,7 @@ def _decode_split_kernel(
                               HALF, HEAD_DIM)
         v_step = tl.load(v_new_ptr + t_token * stride_vnt + kv_head * stride_vnh + d[None, :],
                          mask=t_mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
-        if LOW_LATENCY:
+        if not DIRECT:
             q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
         else:
             k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
@@ -272,7 +272,7 @@ def _decode_split_kernel(
                  k_step, mask=t_mask)
         tl.store(v_cache_ptr + t_block * stride_vb + t_row * stride_vt + kv_head * stride_vh + d[None, :],
                  v_step, mask=t_mask)
-        if not LOW_LATENCY:
+        if DIRECT:
             # the query's rows and RoPE inputs only now: fewer values live at once, fewer
             # registers (102 rather than 146 at Qwen3-8B shapes), more programs per SM where the
             # batch fills the GPU
@@ -483,7 +483,7 @@ def paged_attention(
         SPLIT_CHUNK=min(next_power_of_2(num_splits), max(1, MERGE_ELEMENTS // (merge_m * head_dim_pad))),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
-        LOW_LATENCY=not direct, KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
+        KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out
