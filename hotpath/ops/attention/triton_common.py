@@ -106,28 +106,18 @@ def attend_tile(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     PRECISION: tl.constexpr,
-    ABLATE: tl.constexpr = 0,
 ):
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < n_end
     blocks = kv_tile_blocks(block_table_ptr, n, n_ok, MASKED, BLOCK_SIZE)
     in_block = n % BLOCK_SIZE
     k_rows = blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh
-    if (ABLATE & 64) == 0:
-        k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-    else:
-        k = (tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32) + tl.sum(q.to(tl.float32), 0)[None, :]).to(q.dtype)
+    k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
     # values loaded with the keys, not after the scores: one memory round a tile where nothing
     # pipelines it (a decode split of one tile); this is the order measured in run E
     v_rows = blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh
-    if (ABLATE & 64) == 0:
-        v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
-    else:
-        v = k
-    if (ABLATE & 32) == 0:
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-    else:
-        s = tl.sum(q.to(tl.float32), 1)[:, None] * tl.sum(k.to(tl.float32), 1)[None, :]
+    v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
     if MASKED:
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -138,8 +128,5 @@ def attend_tile(
     p = tl.exp2(s - m_shift[:, None])
     alpha = tl.exp2(m_i - m_shift)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if (ABLATE & 32) == 0:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    else:
-        acc = acc * alpha[:, None] + tl.sum(p, 1)[:, None] * tl.sum(v.to(tl.float32), 0)[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, l_i, m_new

@@ -75,35 +75,6 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _clk(dep, TRACE: tl.constexpr):
-    """SM clock (TRACE): read once `dep` (any tensor) is available; element-wise."""
-    if TRACE:
-        return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [dep.to(tl.float32).to(tl.int32, bitcast=True)],
-                                         dtype=tl.int64, is_pure=False, pack=1)
-    else:
-        return dep
-
-
-@triton.jit
-def _gclk(dep, TRACE: tl.constexpr):
-    if TRACE:
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dep.to(tl.float32).to(tl.int32, bitcast=True)],
-                                         dtype=tl.int64, is_pure=False, pack=1)
-    else:
-        return dep
-
-
-@triton.jit
-def _tstore(trace_ptr, slot, t, TRACE: tl.constexpr):
-    """Stores the first element of clock tensor t in this program's trace slot."""
-    if TRACE:
-        prog = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
-        flat = tl.reshape(t, [t.numel])
-        idx = tl.arange(0, t.numel)
-        tl.store(trace_ptr + prog * 16 + slot + idx * 0, flat, mask=idx == 0)
-
-
-@triton.jit
 def _partner(d, HALF: tl.constexpr):
     """Each dimension's rotate-half partner (itself past the rotary dims)."""
     return tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))[None, :]
@@ -203,7 +174,6 @@ def _decode_split_kernel(
     stride_vnt,
     stride_vnh,
     stride_cs,
-    trace_ptr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -221,15 +191,11 @@ def _decode_split_kernel(
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
-    ABLATE: tl.constexpr = 0,
-    TRACE: tl.constexpr = False,
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    _tstore(trace_ptr, 0, _gclk(tl.zeros([2], tl.int32) + split, TRACE), TRACE)
-    _tstore(trace_ptr, 1, _clk(tl.zeros([2], tl.int32) + split, TRACE), TRACE)
     # Before waiting for the previous kernel, only what no kernel of this step writes: the
     # step's inputs (written before the forward began) and, in split calls, the first tile of
     # keys and values of earlier steps (into L2), cos/sin and the norm weights. This step's cache
@@ -246,7 +212,7 @@ def _decode_split_kernel(
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < end
     first_new = ctx - q_len
-    if not DIRECT and USE_PDL and (ABLATE & 1) == 0:
+    if not DIRECT and USE_PDL:
         # the first tile's keys and values of earlier steps, into L2 (holding them in registers
         # across the wait instead took 217 registers and measured slower)
         blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
@@ -280,10 +246,7 @@ def _decode_split_kernel(
             k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
-    _tstore(trace_ptr, 2, _clk(tl.zeros([2], tl.int32) + split, TRACE), TRACE)
     pdl_wait(USE_PDL)
-    _tstore(trace_ptr, 3, _clk(tl.zeros([2], tl.int32) + split, TRACE), TRACE)
-    _tstore(trace_ptr, 10, _gclk(tl.zeros([2], tl.int32) + split, TRACE), TRACE)
 
     if ROPE:
         t_token = (q_start + t).to(tl.int64)[:, None]
@@ -296,25 +259,15 @@ def _decode_split_kernel(
                               HALF, HEAD_DIM)
         v_step = tl.load(v_new_ptr + t_token * stride_vnt + kv_head * stride_vnh + d[None, :],
                          mask=t_mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
-        _tstore(trace_ptr, 4, _clk(v_step, TRACE), TRACE)
         if not DIRECT:
-            if (ABLATE & 8) == 0:
-                q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
-            else:
-                q = xq
+            q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
         else:
             k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
-        if (ABLATE & 8) == 0:
-            k_step = _norm_rope(xk, xk_p, k_cos, k_sin, k_w, k_wp, d, norm_eps, HAS_NORM, HALF,
-                                HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
-        else:
-            k_step = xk.to(k_cache_ptr.dtype.element_ty)
-        _tstore(trace_ptr, 5, _clk(k_step, TRACE), TRACE)
+        k_step = _norm_rope(xk, xk_p, k_cos, k_sin, k_w, k_wp, d, norm_eps, HAS_NORM, HALF,
+                            HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
         t_row = t_pos % BLOCK_SIZE
-        if (ABLATE & 16) != 0:
-            t_mask = t_mask & (t_row < 0)
         tl.store(k_cache_ptr + t_block * stride_kb + t_row * stride_kt + kv_head * stride_kh + d[None, :],
                  k_step, mask=t_mask)
         tl.store(v_cache_ptr + t_block * stride_vb + t_row * stride_vt + kv_head * stride_vh + d[None, :],
@@ -330,22 +283,19 @@ def _decode_split_kernel(
             q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
         # the tiles below read the new rows back: the block's stores first
         tl.debug_barrier()
-        _tstore(trace_ptr, 6, _clk(tl.zeros([2], tl.int32) + split, TRACE), TRACE)
     else:
         q = tl.load(q_rows + d[None, :], mask=row_mask, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    loop_end = start if (ABLATE & 4) != 0 else end
-    for n0 in range(start, loop_end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
-            True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION, ABLATE,
+            True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
         )
 
-    _tstore(trace_ptr, 7, _clk(acc, TRACE), TRACE)
     if DIRECT:
         # one split holds the whole context, so every real row has seen at least its own key
         out = acc / l_i[:, None]
@@ -370,15 +320,11 @@ def _decode_split_kernel(
         tl.debug_barrier()
         counter = counter_ptr + seq * tl.num_programs(1) + kv_head
         used = tl.cdiv(ctx, split_len)
-        if (ABLATE & 2) == 0:
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            _tstore(trace_ptr, 8, _clk(tl.zeros([2], tl.int32) + arrived, TRACE), TRACE)
-            if arrived == used - 1:
-                tl.store(counter, 0)
-                _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_start, q_len, kv_head, used,
-                              num_heads, num_splits, stride_ot, stride_oh, d, GROUP, MERGE_M,
-                              SPLIT_CHUNK, HEAD_DIM, trace_ptr, TRACE)
-                _tstore(trace_ptr, 12, _gclk(tl.zeros([2], tl.int32) + arrived, TRACE), TRACE)
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
+            tl.store(counter, 0)
+            _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_start, q_len, kv_head, used,
+                          num_heads, num_splits, stride_ot, stride_oh, d, GROUP, MERGE_M,
+                          SPLIT_CHUNK, HEAD_DIM)
 
 
 @triton.jit
@@ -399,8 +345,6 @@ def _merge_splits(
     MERGE_M: tl.constexpr,  # >= q_len * GROUP, the rows of one (sequence, kv head)
     SPLIT_CHUNK: tl.constexpr,  # splits read per round
     HEAD_DIM: tl.constexpr,
-    trace_ptr,
-    TRACE: tl.constexpr,
 ):
     """out = the splits' partial outputs weighted by 2^lse, for every query row of one (sequence,
     kv head). At batch 1 every split is read in one round (SPLIT_CHUNK x MERGE_M x HEAD_DIM_PAD
@@ -430,10 +374,8 @@ def _merge_splits(
         acc = acc * rescale[:, None] + tl.sum(part * weight[:, :, None], 0)
         weight_sum = weight_sum * rescale + tl.sum(weight, 0)
         run_max = new_max
-    _tstore(trace_ptr, 9, _clk(acc, TRACE), TRACE)
     # every real row has seen its own key in some split
     out = acc / tl.where(r_ok, weight_sum, 1.0)[:, None]
-    _tstore(trace_ptr, 11, _clk(out, TRACE), TRACE)
     tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d[None, :] < HEAD_DIM))
 
@@ -473,8 +415,6 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
-    ablate: int = 0,
-    trace: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
@@ -537,14 +477,13 @@ def paged_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1), *rope_strides, trace if trace is not None else counters,
+        out.stride(0), out.stride(1), *rope_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct, MERGE_M=merge_m,
         SPLIT_CHUNK=min(next_power_of_2(num_splits), max(1, MERGE_ELEMENTS // (merge_m * head_dim_pad))),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl, ABLATE=ablate,
-        TRACE=trace is not None,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out

@@ -1,9 +1,12 @@
-"""What decode attention costs inside the batch-1 decode graph, by replacing it: the same engine's
-decode graph captured again with attention swapped for variants (none at all; a kernel that only
-waits and copies its input; the real kernel with other launch parameters), every graph replayed
-in turn in one process, so the step times compare within one run.
+"""Variants of the batch-1 decode step, timed inside the real decode graph: the same engine's graph
+captured again with decode attention swapped (none at all; a kernel that only waits and copies
+its input; the real kernel with other launch parameters) or with other GEMV tile configs for
+given weight shapes, every graph replayed in turn in one process, so the step times compare
+within one run (between runs the same code varies by 2-4%). What a kernel costs in the chain of
+a step (its wait, its tail, its neighbours' overlap) is not what it costs back to back with
+itself, which is what the kernel benchmarks time.
 
-    python scripts/attention_ablation.py --preset qwen3-0.6b --out DIR
+    python scripts/decode_variants.py --preset qwen3-0.6b --variants full,none,copy --out DIR
 
 "none" and "copy" compute wrong outputs; only their times mean anything.
 """
@@ -19,6 +22,7 @@ import triton.language as tl
 
 import hotpath.layers.attention as layer_attention
 from hotpath.ops.attention import triton_decode
+from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
 from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
@@ -49,6 +53,7 @@ def _copy(q, *args):
 
 
 def _fused(**launch):
+    """The fused decode kernel with other launch parameters."""
     def attend(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_w, k_norm_w,
                eps, cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len):
         return triton_decode.paged_attention(
@@ -66,8 +71,13 @@ def _unfused(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm
                                          block_tables, scale, max_query_len, max_context_len)
 
 
-VARIANTS = {
-    "full": _fused(),
+def _gemv(**shapes):
+    """GEMV configs at M = 1 by weight shape: r{rows}x{K}=(block_n, block_k, split_k, warps)."""
+    return {tuple(int(v) for v in name[1:].split("x")): triton_gemv.GemvConfig(bn, bk, split, warps, 1, False)
+            for name, (bn, bk, split, warps) in shapes.items()}
+
+
+ATTENTION = {
     "none": lambda q, *args: q,
     "copy": _copy,
     "unfused": _unfused,
@@ -77,55 +87,39 @@ VARIANTS = {
     "stages1": _fused(num_stages=1),
     "warps2": _fused(num_warps=2),
     "warps8": _fused(num_warps=8),
-    "x_prefetch": _fused(ablate=1),
-    "x_merge": _fused(ablate=2),
-    "x_tiles": _fused(ablate=4),
-    "x_tiles_merge": _fused(ablate=6),
-    "x_normrope": _fused(ablate=8),
-    "x_cachewrite": _fused(ablate=16),
-    "x_all": _fused(ablate=31),
-    "d256w8s1": _fused(num_splits=1, block_n=256, num_warps=8, num_stages=1),
     "d128w8": _fused(num_splits=1, block_n=128, num_warps=8),
-    "d128w4": _fused(num_splits=1, block_n=128, num_warps=4),
     "s3_256w8s1": _fused(num_splits=3, block_n=256, num_warps=8, num_stages=1),
-    "s3_256w4s1": _fused(num_splits=3, block_n=256, num_warps=4, num_stages=1),
-    "s5_128w8": _fused(num_splits=5, block_n=128, num_warps=8),
     "s5_128w4": _fused(num_splits=5, block_n=128, num_warps=4),
-    "s9_64": _fused(num_splits=9, block_n=64),
-    "s9_64w8": _fused(num_splits=9, block_n=64, num_warps=8),
-    "x_dots": _fused(ablate=32),
-    "x_tileloads": _fused(ablate=64),
 }
-TRACE = torch.zeros(0)
-
-
-def _traced(q, *args):
-    return _fused(trace=TRACE)(q, *args)
-
-
-VARIANTS["trace"] = _traced
-
-
-def trace_report(buf: torch.Tensor, num_kv_heads: int) -> dict:
-    """Phases of the split programs of the last layer, from the clocks they stored."""
-    t = buf.cpu().long()
-    used = t[t[:, 7] != 0]
-    merger = t[t[:, 12] != 0]
-    names = ["pre-wait issue", "wait", "qkv rows in", "norm+rope", "cache write+barrier",
-             "tile loop", "partials+atomic"]
-    rep = {}
-    for i, name in enumerate(names):
-        d = (used[:, i + 2] - used[:, i + 1]).float()
-        rep[name + " (cycles, median over programs)"] = float(d.median())
-    rep["merge loads (cycles)"] = float((merger[:, 9] - merger[:, 8]).float().median())
-    rep["merge tail (cycles)"] = float((merger[:, 11] - merger[:, 9]).float().median())
-    rep["start to wait release (ns, globaltimer)"] = float((used[:, 10] - used[:, 0]).float().median())
-    rep["wait release spread across programs (ns)"] = float(used[:, 10].max() - used[:, 10].min())
-    rep["start spread across programs (ns)"] = float(used[:, 0].max() - used[:, 0].min())
-    rep["first wait release to last merge end (ns)"] = float(merger[:, 12].max() - used[:, 10].min())
-    rep["wait release to merge end, per merger (ns)"] = float((merger[:, 12] - merger[:, 10]).float().median())
-    rep["programs traced"] = [int(used.shape[0]), int(merger.shape[0])]
-    return rep
+GEMV = {
+    # Qwen3-0.6B: qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072
+    "06_down_nosplit": _gemv(r1024x3072=(8, 4096, 1, 8)),
+    "06_down_k1024s3": _gemv(r1024x3072=(8, 1024, 3, 4)),
+    "06_down_k1024s1": _gemv(r1024x3072=(8, 1024, 1, 4)),
+    "06_down_n4": _gemv(r1024x3072=(4, 2048, 2, 8)),
+    "06_o_k1024s2": _gemv(r1024x2048=(8, 1024, 2, 4)),
+    "06_o_n4": _gemv(r1024x2048=(4, 2048, 1, 8)),
+    "06_o_n4k1024": _gemv(r1024x2048=(4, 1024, 1, 4)),
+    "06_qkv_n4": _gemv(r4096x1024=(4, 1024, 1, 4)),
+    "06_qkv_n16w8": _gemv(r4096x1024=(16, 1024, 1, 8)),
+    "06_qkv_k512s2": _gemv(r4096x1024=(8, 512, 2, 4)),
+    "06_gu_n4": _gemv(r6144x1024=(4, 1024, 1, 4)),
+    "06_gu_n16w8": _gemv(r6144x1024=(16, 1024, 1, 8)),
+    # Qwen3-8B: qkv 6144x4096, o 4096x4096, gate_up 24576x4096, down 4096x12288
+    "8_o_nosplit": _gemv(r4096x4096=(8, 2048, 1, 8)),
+    "8_o_k1024s1": _gemv(r4096x4096=(8, 1024, 1, 4)),
+    "8_o_k2048s2": _gemv(r4096x4096=(8, 2048, 2, 8)),
+    "8_down_nosplit": _gemv(r4096x12288=(8, 2048, 1, 8)),
+    "8_down_k2048s2": _gemv(r4096x12288=(8, 2048, 2, 8)),
+    "8_down_k1024s3": _gemv(r4096x12288=(8, 1024, 3, 4)),
+    "8_down_k1024s1": _gemv(r4096x12288=(8, 1024, 1, 4)),
+    "8_qkv_k1024": _gemv(r6144x4096=(8, 1024, 1, 4)),
+    "8_qkv_n16w8": _gemv(r6144x4096=(16, 1024, 1, 8)),
+    "8_qkv_k4096": _gemv(r6144x4096=(8, 4096, 1, 8)),
+    "8_gu_k1024": _gemv(r24576x4096=(8, 1024, 1, 4)),
+    "8_gu_n16": _gemv(r24576x4096=(16, 2048, 1, 8)),
+}
+ALL = ["full", *ATTENTION, *GEMV]
 
 
 def main() -> None:
@@ -134,27 +128,40 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=200)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
+    names = ns.variants.split(",")
+    if unknown := [n for n in names if n not in ALL]:
+        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(ALL)}")
     engine = decoding_engine(ns.preset)
     runner = engine.runner
     seqs = [engine.scheduler.running[0]]
     num_layers = len(runner.model.model.layers)
-    global TRACE
-    TRACE = torch.zeros((4096, 16), dtype=torch.int64, device="cuda")
+    attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
     graphs = {}
-    for name in ns.variants.split(","):
-        layer_attention.rope_and_paged_attention = VARIANTS[name]
+    for name in names:
+        layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
+        table = GEMV.get(name, {})
+        triton_gemv.choose_config = lambda M, N, K, device, t=table: (
+            t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
         runner.graphs = {}
         runner._capture_decode_graphs()
         runner.decode_inputs.fill(seqs, 1)
         # the inputs stay referenced: every capture allocates its own
-        graphs[name] = (runner.graphs[1][0], runner.decode_inputs)
-    torch.cuda.synchronize()
+        graphs[name] = (*runner.graphs[1], runner.decode_inputs)
+    layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
+
+    # every graph's logits for the same inputs against the first's: GEMV configs change only the
+    # order of fp32 sums (attention stand-ins compute something else)
+    logits = {}
+    for name, (graph, out, _) in graphs.items():
+        graph.replay()
+        logits[name] = out.float().clone()
+    first = logits[names[0]]
     times: dict[str, list[float]] = {name: [] for name in graphs}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(ns.rounds):
-        for name, (graph, _) in graphs.items():
+        for name, (graph, _, _) in graphs.items():
             for _ in range(20):
                 graph.replay()
             start.record()
@@ -167,20 +174,16 @@ def main() -> None:
     result = {"preset": ns.preset, "layers": num_layers, "variants": {}}
     for name, ts in times.items():
         med = statistics.median(ts)
-        row = {"step_us": med, "min_us": min(ts), "max_us": max(ts)}
+        row = {"step_us": med, "min_us": min(ts), "max_us": max(ts),
+               "logits_max_diff_vs_first": float((logits[name] - first).abs().max())}
+        line = f"{ns.preset} {name:>16}: {med:8.1f} us/step  [{min(ts):.1f}, {max(ts):.1f}]"
         if base is not None:
             row["per_layer_over_none_us"] = (med - base) / num_layers
+            line += f"  {row['per_layer_over_none_us']:+.2f} us/layer vs none"
         result["variants"][name] = row
-        print(f"{ns.preset} {name:>14}: {med:8.1f} us/step  [{min(ts):.1f}, {max(ts):.1f}]"
-              + (f"  {row['per_layer_over_none_us']:+.2f} us/layer vs none" if base else ""))
-    if "trace" in graphs:
-        TRACE.zero_()
-        graphs["trace"][0].replay()
-        torch.cuda.synchronize()
-        result["trace"] = trace_report(TRACE, runner.model_config.num_key_value_heads if hasattr(runner, "model_config") else 8)
-        print(json.dumps(result["trace"], indent=1))
+        print(line + f"  logits diff {row['logits_max_diff_vs_first']:.3g}")
     Path(ns.out).mkdir(parents=True, exist_ok=True)
-    (Path(ns.out) / f"ablation_{ns.preset}.json").write_text(json.dumps(result, indent=1))
+    (Path(ns.out) / f"variants_{ns.preset}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
