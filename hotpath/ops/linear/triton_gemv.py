@@ -60,6 +60,8 @@ DOT_BLOCK_M = 16
 # Split K until an op has about this many programs per SM (enough weight bytes in flight per SM
 # for HBM's latency), but keep at least one BLOCK_K tile in every split.
 PROGRAMS_PER_SM = 4
+# At M = 1 a program takes all of K in one tile up to this many elements (64 KB of bf16 a program)
+WHOLE_K = 4096
 # One counter per N tile of a split-K op; a split op never has more N tiles than this.
 MAX_SPLIT_TILES = 4096
 
@@ -91,16 +93,28 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
 
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
-    # From H200 sweeps (hotpath.ops.linear.bench and scripts/gemv_sweep.py; Qwen3-0.6B and -8B
-    # projections and LM heads, bf16, in CUDA graphs, PDL on): at M = 1, 8-row x 1024-wide tiles
-    # (16 KB, 56 registers a thread, so many programs per SM) were the fastest or within 3% of it
-    # on every shape, except that where K >= 2048 gives every program a whole row without
-    # splitting K (Qwen3-8B qkv and gate_up) or the weight is short (N <= 2048: 0.6B o_proj and
-    # down_proj), 8 x 2048 tiles over 8 warps took 3-33% less time. At M = 8 and 16, 32 x 256
-    # tiles in 3 stages were the fastest or within 5% of it where the kernel beats cuBLAS.
+    # At M = 1, from H200 measurements inside the batch-1 decode graph (scripts/decode_variants.py,
+    # docs/benchmarks.md run F; Qwen3-0.6B and -8B, bf16, PDL on): where K <= WHOLE_K, one tile
+    # holds a program's whole share of the weight (8 rows x all of K, no split), so all of it is
+    # loading before PDL's wait and only x and the sums are left after it. That beat both
+    # 1024- and 2048-wide tiles walked in turn, and any K split (whose atomic and partial reads
+    # sit on the step's critical path), by up to 2.6% of the step at 8B and 3% at 0.6B, though
+    # sweeps of each op alone (back to back with itself, hotpath.ops.linear.bench) had preferred
+    # the narrower tiles. Eight warps from 2048-wide tiles, and where the op has at most
+    # PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of the step); four otherwise (0.6B
+    # gate_up: eight were 2% slower). Longer K (8B down_proj): 8 x 1024 tiles, 8 x 2048 over 8
+    # warps where that needs no split or the weight is short, K split to fill the SMs.
+    # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
+    # kernel beats cuBLAS (back-to-back sweeps).
     if M == 1:
-        block_n, block_k, num_warps, num_stages, use_dot = 8, 1024, 4, 1, False
-        if K >= 2048 and (N <= 2048 or split_for(triton.cdiv(N, 8), K, 2048, device) == 1):
+        block_n, num_stages, use_dot = 8, 1, False
+        if K <= WHOLE_K:
+            block_k = max(16, triton.next_power_of_2(K))
+            few = triton.cdiv(N, block_n) <= PROGRAMS_PER_SM * sm_count(device)
+            num_warps = 8 if block_k >= 2048 or few else 4
+            return GemvConfig(block_n, block_k, 1, num_warps, num_stages, use_dot)
+        block_k, num_warps = 1024, 4
+        if N <= 2048 or split_for(triton.cdiv(N, 8), K, 2048, device) == 1:
             block_k, num_warps = 2048, 8
     else:
         block_n, block_k, num_warps, num_stages, use_dot = 32, 256, 4, 3, True
