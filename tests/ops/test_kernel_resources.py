@@ -36,9 +36,7 @@ def test_register_ceilings(table):
     assert table["attention, batch 64 (no splits)"][0] <= 128, table
     # batch 1 has 104 programs, fewer than the SMs; a ceiling well below the 237 that hurt
     assert table["attention, batch 1 (splits)"][0] <= 160, table
-    # qkv, gate_up and o_proj take all of K = 4096 in one 8 x 4096 tile over 8 warps: one program
-    # an SM, measured fastest in the decode graph (run F); a ceiling just above what they take
-    assert all(table[f"gemv {op}"][0] <= 168 for op in ("qkv", "gate_up", "o_proj")), table
-    # down_proj (K = 12288) walks 8 x 1024 tiles over 4 warps: 4 programs an SM need <= 128; the
-    # kernel takes 56
-    assert table["gemv down"][0] <= 64, table
+    # the GEMVs walk 8 x 4096 tiles over 8 warps (all of K but down_proj's in one tile): one
+    # program an SM, measured fastest in the decode graph (run F); a ceiling just above what
+    # they take, so that a change that grows them is seen
+    assert all(table[f"gemv {op}"][0] <= 168 for op in ("qkv", "gate_up", "o_proj", "down")), table

@@ -155,6 +155,20 @@ def test_interpreter_default_config(interpreter, poisoned):
     check(out.view(2, 24), x, weight, b, TOL[torch.float32])
 
 
+def test_gemv_config_at_one_row():
+    """At M = 1: tiles as wide as K up to MAX_BLOCK_K, K split only where the N tiles would leave
+    half the SMs idle (the CPU stand-in has 4 SMs)."""
+    from hotpath.ops.linear import triton_gemv
+
+    cpu = torch.device("cpu")
+    whole = triton_gemv.choose_config(1, 4096, 3072, cpu)
+    assert (whole.block_k, whole.split_k, whole.use_dot) == (4096, 1, False)
+    long_k = triton_gemv.choose_config(1, 4096, 12288, cpu)
+    assert (long_k.block_k, long_k.split_k) == (triton_gemv.MAX_BLOCK_K, 1)
+    narrow = triton_gemv.choose_config(1, 8, 12288, cpu)  # one N tile
+    assert narrow.split_k > 1
+
+
 def test_interpreter_split_counters_reset(interpreter):
     """Each call leaves the split-K counters at zero, for the next call or graph replay."""
     from hotpath.ops.linear import triton_gemv

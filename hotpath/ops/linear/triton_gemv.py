@@ -60,8 +60,8 @@ DOT_BLOCK_M = 16
 # Split K until an op has about this many programs per SM (enough weight bytes in flight per SM
 # for HBM's latency), but keep at least one BLOCK_K tile in every split.
 PROGRAMS_PER_SM = 4
-# At M = 1 a program takes all of K in one tile up to this many elements (64 KB of bf16 a program)
-WHOLE_K = 4096
+# At M = 1 a tile spans K up to this many elements (8 rows: 64 KB of bf16 a program)
+MAX_BLOCK_K = 4096
 # One counter per N tile of a split-K op; a split op never has more N tiles than this.
 MAX_SPLIT_TILES = 4096
 
@@ -94,30 +94,28 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # At M = 1, from H200 measurements inside the batch-1 decode graph (scripts/decode_variants.py,
-    # docs/benchmarks.md run F; Qwen3-0.6B and -8B, bf16, PDL on): where K <= WHOLE_K, one tile
-    # holds a program's whole share of the weight (8 rows x all of K, no split), so all of it is
-    # loading before PDL's wait and only x and the sums are left after it. That beat both
-    # 1024- and 2048-wide tiles walked in turn, and any K split (whose atomic and partial reads
-    # sit on the step's critical path), by up to 2.6% of the step at 8B and 3% at 0.6B, though
-    # sweeps of each op alone (back to back with itself, hotpath.ops.linear.bench) had preferred
-    # the narrower tiles. Eight warps from 2048-wide tiles, and where the op has at most
-    # PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of the step); four otherwise (0.6B
-    # gate_up: eight were 2% slower). Longer K (8B down_proj): 8 x 1024 tiles, 8 x 2048 over 8
-    # warps where that needs no split or the weight is short, K split to fill the SMs.
+    # docs/benchmarks.md run F; Qwen3-0.6B and -8B, bf16, PDL on): 8-row tiles as wide as K up to
+    # MAX_BLOCK_K, so that where K fits (every projection but 8B's down_proj) a program's whole
+    # share of the weight is loading before PDL's wait and only x and the sums are left after
+    # it; and no K split, whose atomic and partial reads sit on the step's critical path. That
+    # beat 1024- and 2048-wide tiles and every split tried (2 or 3), by 2.9% of the 8B step and
+    # 2.6% of the 0.6B one, though sweeps of each op back to back with itself
+    # (hotpath.ops.linear.bench) had preferred narrower tiles and splits: in the graph, what
+    # counts is what is left after the wait. Eight warps from 2048-wide tiles, and where the op
+    # has at most PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of the step); four
+    # otherwise (0.6B gate_up: eight were 2% slower). K is still split where the N tiles would
+    # leave half the SMs idle (not measured in the graph: no Qwen3 projection is that narrow).
     # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
     # kernel beats cuBLAS (back-to-back sweeps).
     if M == 1:
         block_n, num_stages, use_dot = 8, 1, False
-        if K <= WHOLE_K:
-            block_k = max(16, triton.next_power_of_2(K))
-            few = triton.cdiv(N, block_n) <= PROGRAMS_PER_SM * sm_count(device)
-            num_warps = 8 if block_k >= 2048 or few else 4
-            return GemvConfig(block_n, block_k, 1, num_warps, num_stages, use_dot)
-        block_k, num_warps = 1024, 4
-        if N <= 2048 or split_for(triton.cdiv(N, 8), K, 2048, device) == 1:
-            block_k, num_warps = 2048, 8
-    else:
-        block_n, block_k, num_warps, num_stages, use_dot = 32, 256, 4, 3, True
+        block_k = min(MAX_BLOCK_K, max(16, triton.next_power_of_2(K)))
+        n_tiles = triton.cdiv(N, block_n)
+        few = n_tiles <= PROGRAMS_PER_SM * sm_count(device)
+        num_warps = 8 if block_k >= 2048 or few else 4
+        split = 1 if 2 * n_tiles >= sm_count(device) else split_for(n_tiles, K, block_k, device)
+        return GemvConfig(block_n, block_k, split, num_warps, num_stages, use_dot)
+    block_n, block_k, num_warps, num_stages, use_dot = 32, 256, 4, 3, True
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
     split = split_for(triton.cdiv(N, block_n), K, block_k, device)
     return GemvConfig(block_n, block_k, split, num_warps, num_stages, use_dot)
