@@ -32,6 +32,9 @@ if [[ $what == *" timeline "* || $what == *" all "* ]]; then
   python3 scripts/decode_timeline.py --preset qwen3-0.6b --out "$OUT" | tail -12
   python3 scripts/decode_timeline.py --preset qwen3-8b --out "$OUT" | tail -12
   python3 scripts/kernel_registers.py | tee "$OUT/kernel_registers.json"
+  # attention's cost in the step: the graph without it, and with a kernel that only waits
+  python3 scripts/decode_variants.py --preset qwen3-0.6b --variants full,none,copy --out "$OUT" | tail -3
+  python3 scripts/decode_variants.py --preset qwen3-8b --variants full,none,copy --out "$OUT" | tail -3
 fi
 if [[ $what == *" profile "* ]]; then
   python3 scripts/profile_decode.py --preset qwen3-0.6b --out "$OUT" | tail -30

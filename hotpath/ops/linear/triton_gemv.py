@@ -27,8 +27,9 @@ weight is spread over many programs:
   statistic whatever the timing, and normalises x's tiles as it loads them. Summing in the
   consumer rather than in the producer's last tile keeps an atomic and a dependent read off the
   step's critical path;
-- a short, wide weight (o_proj, down_proj of a small model: few rows, long K) gives too few
-  programs, so K is split until there are several programs per SM. Each split writes an fp32
+- a weight with few rows and a long K gives too few programs, so K can be split until there are
+  several programs per SM (at one row only where the N tiles would leave half the SMs idle: in
+  the decode graph the split's tail costs more than it gains). Each split writes an fp32
   partial sum; the last program of an N tile to finish (a counter per tile, bumped atomically, says
   which) adds the partials, adds the bias, writes the output and sets its counter back to zero. One
   launch does the whole op and a CUDA graph can replay it. The counters are shared by every call on
@@ -98,8 +99,8 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # MAX_BLOCK_K, so that where K fits (every projection but 8B's down_proj) a program's whole
     # share of the weight is loading before PDL's wait and only x and the sums are left after
     # it; and no K split, whose atomic and partial reads sit on the step's critical path. That
-    # beat 1024- and 2048-wide tiles and every split tried (2 or 3), by 2.9% of the 8B step and
-    # 2.6% of the 0.6B one, though sweeps of each op back to back with itself
+    # beat 1024- and 2048-wide tiles and every split tried (2 or 3), by 2.3-2.8% of the 8B step
+    # and 2.5-2.6% of the 0.6B one (two runs), though sweeps of each op back to back with itself
     # (hotpath.ops.linear.bench) had preferred narrower tiles and splits: in the graph, what
     # counts is what is left after the wait. Eight warps from 2048-wide tiles, and where the op
     # has at most PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of the step); four
