@@ -91,6 +91,7 @@ ATTENTION = {
     "s3_256w8s1": _fused(num_splits=3, block_n=256, num_warps=8, num_stages=1),
     "s5_128w4": _fused(num_splits=5, block_n=128, num_warps=4),
 }
+# The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
 GEMV = {
     # Qwen3-0.6B: qkv 4096x1024, o 1024x2048, gate_up 6144x1024, down 1024x3072
     "06_down_nosplit": _gemv(r1024x3072=(8, 4096, 1, 8)),
@@ -143,7 +144,7 @@ GEMV = {
     "8_n4": _gemv(r6144x4096=(4, 4096, 1, 8), r4096x4096=(4, 4096, 1, 8),
                   r24576x4096=(4, 4096, 1, 8), r151936x4096=(4, 4096, 1, 8)),
     "8_n4_qkv_o": _gemv(r6144x4096=(4, 4096, 1, 8), r4096x4096=(4, 4096, 1, 8)),
-    # down_proj at 8B (K = 12288 > WHOLE_K): whole 4096-wide tiles with K split in 3
+    # down_proj at 8B (K = 12288 > MAX_BLOCK_K): 4096-wide tiles, K split in 3 or not
     "8_down_k4096s3": _gemv(r4096x12288=(8, 4096, 3, 8)),
     "8_down_n4k4096s3": _gemv(r4096x12288=(4, 4096, 3, 8)),
     "8_down_k4096s1": _gemv(r4096x12288=(8, 4096, 1, 8)),
@@ -153,10 +154,10 @@ ALL = ["full", *ATTENTION, *GEMV]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="qwen3-0.6b")
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--preset", default="qwen3-0.6b", help="model shape (hotpath.bench.presets)")
+    ap.add_argument("--out", default=".", help="directory for variants_<preset>.json")
+    ap.add_argument("--rounds", type=int, default=5, help="times every graph is timed, in turn")
+    ap.add_argument("--replays", type=int, default=200, help="graph replays a timing")
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
     names = ns.variants.split(",")
