@@ -90,6 +90,12 @@ ATTENTION = {
     "d128w8": _fused(num_splits=1, block_n=128, num_warps=8),
     "s3_256w8s1": _fused(num_splits=3, block_n=256, num_warps=8, num_stages=1),
     "s5_128w4": _fused(num_splits=5, block_n=128, num_warps=4),
+    # the split count at the same context: the bench's graph (max_model_len 784) takes 13, this
+    # script's 16, a server's with max_model_len 40960 66; 9 hold context at 532 tokens
+    "splits9": _fused(num_splits=9, block_n=64),
+    "splits13": _fused(num_splits=13, block_n=64),
+    "splits32": _fused(num_splits=32, block_n=64),
+    "splits66": _fused(num_splits=66, block_n=64),
 }
 # The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
 GEMV = {
