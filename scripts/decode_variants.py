@@ -154,6 +154,11 @@ GEMV = {
     "8_down_k4096s3": _gemv(r4096x12288=(8, 4096, 3, 8)),
     "8_down_n4k4096s3": _gemv(r4096x12288=(4, 4096, 3, 8)),
     "8_down_k4096s1": _gemv(r4096x12288=(8, 4096, 1, 8)),
+    # Qwen3-32B (qkv 10240x5120, o 5120x8192, gate_up 51200x5120, down 5120x25600) under run E's
+    # rule: 2048-wide tiles over 8 warps, no split
+    "32_old_rule": _gemv(r10240x5120=(8, 2048, 1, 8), r5120x8192=(8, 2048, 1, 8),
+                         r51200x5120=(8, 2048, 1, 8), r5120x25600=(8, 2048, 1, 8),
+                         r151936x5120=(8, 2048, 1, 8)),
 }
 ALL = ["full", *ATTENTION, *GEMV]
 

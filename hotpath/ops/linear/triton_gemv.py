@@ -27,9 +27,9 @@ weight is spread over many programs:
   statistic whatever the timing, and normalises x's tiles as it loads them. Summing in the
   consumer rather than in the producer's last tile keeps an atomic and a dependent read off the
   step's critical path;
-- a weight with few rows and a long K gives too few programs, so K can be split until there are
-  several programs per SM (at one row only where the N tiles would leave half the SMs idle: in
-  the decode graph the split's tail costs more than it gains). Each split writes an fp32
+- a weight with few rows and a long K gives too few programs, so K is split until there are
+  several programs per SM (at one row only where K is longer than one tile: with K in one tile,
+  the split's tail cost more in the decode graph than it gained). Each split writes an fp32
   partial sum; the last program of an N tile to finish (a counter per tile, bumped atomically, says
   which) adds the partials, adds the bias, writes the output and sets its counter back to zero. One
   launch does the whole op and a CUDA graph can replay it. The counters are shared by every call on
@@ -61,8 +61,8 @@ DOT_BLOCK_M = 16
 # Split K until an op has about this many programs per SM (enough weight bytes in flight per SM
 # for HBM's latency), but keep at least one BLOCK_K tile in every split.
 PROGRAMS_PER_SM = 4
-# At M = 1 a tile spans K up to this many elements (8 rows: 64 KB of bf16 a program)
-MAX_BLOCK_K = 4096
+# At M = 1 one tile takes all of K up to this many elements (8 rows: 64 KB of bf16 a program)
+WHOLE_K = 4096
 # One counter per N tile of a split-K op; a split op never has more N tiles than this.
 MAX_SPLIT_TILES = 4096
 
@@ -95,28 +95,33 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # At M = 1, from H200 measurements inside the batch-1 decode graph (scripts/decode_variants.py,
-    # docs/benchmarks.md run F; Qwen3-0.6B and -8B, bf16, PDL on): 8-row tiles as wide as K up to
-    # MAX_BLOCK_K, so that where K fits (every projection but 8B's down_proj) a program's whole
-    # share of the weight is loading before PDL's wait and only x and the sums are left after
-    # it; and no K split, whose atomic and partial reads sit on the step's critical path. That
-    # beat 1024- and 2048-wide tiles and every split tried (2 or 3), by 2.3-2.8% of the 8B step
-    # and 2.5-2.6% of the 0.6B one (two runs), though sweeps of each op back to back with itself
-    # (hotpath.ops.linear.bench) had preferred narrower tiles and splits: in the graph, what
-    # counts is what is left after the wait. Eight warps from 2048-wide tiles, and where the op
-    # has at most PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of the step); four
-    # otherwise (0.6B gate_up: eight were 2% slower). K is still split where the N tiles would
-    # leave half the SMs idle (not measured in the graph: no Qwen3 projection is that narrow).
+    # docs/benchmarks.md run F; Qwen3-0.6B, -8B and -32B, bf16, PDL on). Where K <= WHOLE_K, one
+    # tile holds a program's whole share of the weight (8 rows x all of K, no split), so all of
+    # it is loading before PDL's wait and only x and the sums are left after it. That beat
+    # 1024- and 2048-wide tiles walked in turn and every K split tried (whose atomic and partial
+    # reads sit on the step's critical path), by 2.3-2.8% of the 8B step and 2.5-2.6% of the 0.6B
+    # one (two runs), though sweeps of each op back to back with itself
+    # (hotpath.ops.linear.bench) had preferred the narrower tiles. Eight warps from 2048-wide
+    # tiles, and where the op has at most PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of
+    # the step); four otherwise (0.6B gate_up: eight were 2% slower). Longer K walks tiles, and
+    # there the back-to-back sweeps' choice stands: 8 x 1024 tiles (16 KB, 56 registers, many
+    # programs per SM), or 8 x 2048 over 8 warps where that needs no K split or the weight is
+    # short, K split to fill the SMs. Walking 4096-wide tiles instead (one 8-warp program per SM)
+    # made Qwen3-32B's step 25% slower and 8B's down_proj 0.3% faster.
     # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
     # kernel beats cuBLAS (back-to-back sweeps).
     if M == 1:
         block_n, num_stages, use_dot = 8, 1, False
-        block_k = min(MAX_BLOCK_K, max(16, triton.next_power_of_2(K)))
-        n_tiles = triton.cdiv(N, block_n)
-        few = n_tiles <= PROGRAMS_PER_SM * sm_count(device)
-        num_warps = 8 if block_k >= 2048 or few else 4
-        split = 1 if 2 * n_tiles >= sm_count(device) else split_for(n_tiles, K, block_k, device)
-        return GemvConfig(block_n, block_k, split, num_warps, num_stages, use_dot)
-    block_n, block_k, num_warps, num_stages, use_dot = 32, 256, 4, 3, True
+        if K <= WHOLE_K:
+            block_k = max(16, triton.next_power_of_2(K))
+            few = triton.cdiv(N, block_n) <= PROGRAMS_PER_SM * sm_count(device)
+            num_warps = 8 if block_k >= 2048 or few else 4
+            return GemvConfig(block_n, block_k, 1, num_warps, num_stages, use_dot)
+        block_k, num_warps = 1024, 4
+        if N <= 2048 or split_for(triton.cdiv(N, block_n), K, 2048, device) == 1:
+            block_k, num_warps = 2048, 8
+    else:
+        block_n, block_k, num_warps, num_stages, use_dot = 32, 256, 4, 3, True
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
     split = split_for(triton.cdiv(N, block_n), K, block_k, device)
     return GemvConfig(block_n, block_k, split, num_warps, num_stages, use_dot)
