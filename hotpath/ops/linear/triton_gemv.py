@@ -99,7 +99,7 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # tile holds a program's whole share of the weight (8 rows x all of K, no split), so all of
     # it is loading before PDL's wait and only x and the sums are left after it. That beat
     # 1024- and 2048-wide tiles walked in turn and every K split tried (whose atomic and partial
-    # reads sit on the step's critical path), by 2.3-2.8% of the 8B step and 2.5-2.6% of the 0.6B
+    # reads sit on the step's critical path), by 2.8% of the 8B step and 2.5-2.6% of the 0.6B
     # one (two runs), though sweeps of each op back to back with itself
     # (hotpath.ops.linear.bench) had preferred the narrower tiles. Eight warps from 2048-wide
     # tiles, and where the op has at most PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of
