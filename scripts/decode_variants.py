@@ -1,7 +1,7 @@
 """Variants of the batch-1 decode step, timed inside the real decode graph: the same engine's graph
 captured again with decode attention swapped (none at all; a kernel that only waits and copies
-its input; the real kernel with other launch parameters or L2 prefetch amounts) or with other
-GEMV tile configs for given weight shapes, every graph replayed in turn in one process, so the step times compare
+its input; the real kernel with other launch parameters) or with other GEMV tile configs for
+given weight shapes, every graph replayed in turn in one process, so the step times compare
 within one run (between runs the same code varies by 2-4%). What a kernel costs in the chain of
 a step (its wait, its tail, its neighbours' overlap) is not what it costs back to back with
 itself, which is what the kernel benchmarks time.
@@ -41,7 +41,7 @@ def _copy_kernel(q_ptr, out_ptr, stride_qt, stride_qh, ROWS: tl.constexpr, D: tl
     tl.store(out_ptr + (t * tl.num_programs(1) * ROWS + h) * D + d, x)
 
 
-def _copy(q, *args, **kwargs):
+def _copy(q, *args):
     """A kernel slot doing the least: wait for the projection, copy q (one program a kv head)."""
     t, h, d = q.shape
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
@@ -55,18 +55,15 @@ def _copy(q, *args, **kwargs):
 def _fused(**launch):
     """The fused decode kernel with other launch parameters."""
     def attend(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_w, k_norm_w,
-               eps, cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len,
-               l2_prefetch=()):
+               eps, cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len):
         return triton_decode.paged_attention(
             q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
-            max_context_len, rope=(k, v, cos_sin, q_norm_w, k_norm_w, eps), l2_prefetch=l2_prefetch,
-            **launch)
+            max_context_len, rope=(k, v, cos_sin, q_norm_w, k_norm_w, eps), **launch)
     return attend
 
 
 def _unfused(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_w, k_norm_w, eps,
-             cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len,
-             l2_prefetch=()):
+             cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len):
     """The two-kernel path: QK-norm, RoPE and the cache write, then attention."""
     q = qk_norm_rope_and_cache(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
                                q_norm_w, k_norm_w, eps)
@@ -81,7 +78,7 @@ def _gemv(**shapes):
 
 
 ATTENTION = {
-    "none": lambda q, *args, **kwargs: q,
+    "none": lambda q, *args: q,
     "copy": _copy,
     "unfused": _unfused,
     "direct": _fused(num_splits=1),
@@ -163,10 +160,7 @@ GEMV = {
                          r51200x5120=(8, 2048, 1, 8), r5120x25600=(8, 2048, 1, 8),
                          r151936x5120=(8, 2048, 1, 8)),
 }
-# How many bytes of the layer's next weights decode attention brings into L2 (l2_prefetch)
-PREFETCH = {"pf0": 0, "pf8m": 8 << 20, "pf16m": 16 << 20, "pf32m": 32 << 20, "pf48m": 48 << 20,
-            "pf64m": 64 << 20}
-ALL = ["full", *ATTENTION, *GEMV, *PREFETCH]
+ALL = ["full", *ATTENTION, *GEMV]
 
 
 def main() -> None:
@@ -185,11 +179,9 @@ def main() -> None:
     seqs = [engine.scheduler.running[0]]
     num_layers = len(runner.model.model.layers)
     attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
-    prefetch = triton_decode.L2_PREFETCH_BYTES
     graphs = {}
     for name in names:
         layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
-        triton_decode.L2_PREFETCH_BYTES = PREFETCH.get(name, prefetch)
         table = GEMV.get(name, {})
         triton_gemv.choose_config = lambda M, N, K, device, t=table: (
             t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
@@ -199,7 +191,6 @@ def main() -> None:
         # the inputs stay referenced: every capture allocates its own
         graphs[name] = (*runner.graphs[1], runner.decode_inputs)
     layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
-    triton_decode.L2_PREFETCH_BYTES = prefetch
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the
     # order of fp32 sums (attention stand-ins compute something else)

@@ -31,17 +31,14 @@ class Attention(nn.Module):
         k_norm_weight: torch.Tensor | None,
         eps: float,
         batch: ForwardBatch,
-        l2_prefetch: tuple[torch.Tensor, ...] = (),
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Optional QK-norm, RoPE, this step's k and v into the cache, then attention (one
-        kernel for decode steps on the GPU; see ops/attention.rope_and_paged_attention, also for
-        `l2_prefetch`)."""
+        kernel for decode steps on the GPU; see ops/attention.rope_and_paged_attention)."""
         k_cache, v_cache = self.caches()
         return rope_and_paged_attention(
             q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
             q_norm_weight, k_norm_weight, eps, batch.cu_query_lens, batch.context_lens,
             batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len,
-            l2_prefetch=l2_prefetch,
         )
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,11 +45,9 @@ class SelfAttention(nn.Module):
         return self.o_proj(self.attend(positions, self.qkv_proj(x), batch))
 
     def attend(
-        self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch,
-        l2_prefetch: tuple[torch.Tensor, ...] = (),
+        self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [num_tokens, q_size]
-        """Attention from the q/k/v projections, this step's k/v written to the cache;
-        `l2_prefetch`: the weights read next (see ops/attention.rope_and_paged_attention)."""
+        """Attention from the q/k/v projections, this step's k/v written to the cache."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
@@ -60,8 +58,7 @@ class SelfAttention(nn.Module):
             qk_norm = (None, None, 0.0)
         # QK-norm (Qwen3), RoPE and this step's k/v into the cache, fused with the attention
         # itself for decode steps on the GPU
-        out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch,
-                                        l2_prefetch)
+        out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch)
         return out.reshape(-1, self.q_size)
 
 
@@ -107,10 +104,7 @@ class DecoderLayer(nn.Module):
             qkv = attn.qkv_proj(norm(h))
         else:
             qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias, rms=(sumsq, norm.weight, norm.eps))
-        # batch-1 attention waits on latencies while HBM idles: it streams the weights of the
-        # layer's next three projections into L2 meanwhile
-        out = attn.attend(positions, qkv, batch,
-                          (attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight))
+        out = attn.attend(positions, qkv, batch)
         sumsq = linear_add_residual(out, attn.o_proj.weight, h)
         y = linear_silu_and_mul(h, mlp.gate_up_proj.weight, rms=(sumsq, post_norm.weight, post_norm.eps))
         return linear_add_residual(y, mlp.down_proj.weight, h)

@@ -163,14 +163,3 @@ def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[i
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     assert m, usage
     return int(m.group(1)), int(m.group(2))
-
-
-@triton.jit
-def prefetch_lines_l2(base_ptr, line, ok):
-    """Asks for 128-byte lines `line` (int64, any shape) of the tensor at base_ptr to be brought
-    into L2 where `ok` (PTX prefetch: NVIDIA only). Nothing comes back into registers."""
-    step = 128 * 8 // base_ptr.dtype.element_ty.primitive_bitwidth  # elements a line
-    ptrs = base_ptr + line * step
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

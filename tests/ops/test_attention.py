@@ -274,20 +274,3 @@ def test_cuda_decode_in_cuda_graph(gpu_triton):
     torch.cuda.synchronize()
     assert rel_err(captured, attention.paged_attention(*args)) == 0.0
     assert not torch.equal(captured, eager)
-
-
-@cuda
-def test_cuda_decode_l2_prefetch(gpu_triton, poisoned):
-    """Prefetching other tensors into L2 changes nothing in the output, bit for bit; more than
-    three tensors is refused."""
-    from hotpath.ops.attention import triton_decode
-
-    b = paged_batch([1], [700], num_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
-                    dtype=torch.bfloat16, device="cuda")
-    weights = tuple(torch.randn(n, 512, device="cuda", dtype=torch.bfloat16) for n in (300, 2000, 77))
-    plain = triton_decode.paged_attention(*b.args(0.1))
-    ahead = triton_decode.paged_attention(*b.args(0.1), l2_prefetch=weights)
-    assert torch.equal(plain, ahead)
-    if triton_decode.pdl_enabled(b.q.device):
-        with pytest.raises(ValueError, match="at most three"):
-            triton_decode.paged_attention(*b.args(0.1), l2_prefetch=weights + weights[:1])

@@ -73,20 +73,17 @@ def rope_and_paged_attention(
     scale: float,
     max_query_len: int,
     max_context_len: int,
-    l2_prefetch: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """qk_norm_rope_and_cache, then paged_attention. For decode-sized steps on the GPU the
     decode kernel does both in one launch; it derives each token's position and cache slot from
     its sequence's context length and block table (the last query_len positions), which is how
-    the engine builds `positions` and `slot_mapping`. `l2_prefetch`: weights the next kernels
-    read, which that kernel may bring into L2 meanwhile (triton_decode.paged_attention)."""
+    the engine builds `positions` and `slot_mapping`."""
     if backend.use_triton(q) and max_query_len <= DECODE_MAX_QUERY_LEN:
         from hotpath.ops.attention import triton_decode
 
         return triton_decode.paged_attention(
             q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
             max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps),
-            l2_prefetch=l2_prefetch,
         )
     from hotpath.ops.rotary import qk_norm_rope_and_cache
 

@@ -49,7 +49,6 @@ from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch_dependents,
     pdl_wait,
-    prefetch_lines_l2,
     sm_count,
     zeroed_counters,
 )
@@ -68,8 +67,6 @@ TILE_BYTES = 64 * 128 * 2
 MERGE_ELEMENTS = 8192
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
-# Split calls bring up to this many bytes of the next kernels' weights into L2 (l2_prefetch)
-L2_PREFETCH_BYTES = 32 << 20
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -194,13 +191,6 @@ def _decode_split_kernel(
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
-    ahead_0,  # up to three weights the next kernels read, into L2 (see l2_prefetch)
-    ahead_1,
-    ahead_2,
-    ahead_lines_0,  # their 128-byte lines to prefetch (0: none)
-    ahead_lines_1,
-    ahead_lines_2,
-    AHEAD_LINES: tl.constexpr,  # lines a program prefetches (0: no prefetch)
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -257,16 +247,6 @@ def _decode_split_kernel(
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
     pdl_wait(USE_PDL)
-    if AHEAD_LINES > 0:
-        # the qkv projection's weight stream has ended and this kernel is a chain of latencies:
-        # HBM is idle, so the next kernels' weights stream into L2 now (o_proj's, the MLP's)
-        pid = (split * tl.num_programs(1) + kv_head) * tl.num_programs(0) + seq
-        line = pid.to(tl.int64) * AHEAD_LINES + tl.arange(0, AHEAD_LINES)
-        prefetch_lines_l2(ahead_0, line, line < ahead_lines_0)
-        line -= ahead_lines_0
-        prefetch_lines_l2(ahead_1, line, (line >= 0) & (line < ahead_lines_1))
-        line -= ahead_lines_1
-        prefetch_lines_l2(ahead_2, line, (line >= 0) & (line < ahead_lines_2))
 
     if ROPE:
         t_token = (q_start + t).to(tl.int64)[:, None]
@@ -435,7 +415,6 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
-    l2_prefetch: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
@@ -443,11 +422,7 @@ def paged_attention(
     projections of this step's tokens and the kernel first does what qk_norm_rope_and_cache does
     (QK-norm when the weights are given, RoPE, k and v into the cache), positions and cache slots
     being the last query_len of each sequence's context, through its block table. One launch
-    fewer per layer.
-
-    `l2_prefetch`: up to three contiguous tensors the kernels after this one read (the layer's
-    o_proj, gate_up and down weights), whose first L2_PREFETCH_BYTES split calls bring into L2
-    while they wait on latencies (NVIDIA, with PDL; ignored otherwise)."""
+    fewer per layer."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -494,17 +469,6 @@ def paged_attention(
     else:
         has_norm, half = False, 1
         rope_args, rope_strides = (q, q, q, q, q, 0.0), (0, 0, 0, 0, 0)
-    ahead, ahead_lines, ahead_per_program = (q, q, q), [0, 0, 0], 0
-    if l2_prefetch and not direct and use_pdl and L2_PREFETCH_BYTES > 0:
-        if len(l2_prefetch) > 3 or not all(t.is_contiguous() for t in l2_prefetch):
-            raise ValueError("l2_prefetch takes at most three contiguous tensors")
-        budget = L2_PREFETCH_BYTES // 128
-        for i, t in enumerate(l2_prefetch):
-            ahead = ahead[:i] + (t,) + ahead[i + 1:]
-            ahead_lines[i] = min(budget, triton.cdiv(t.numel() * t.element_size(), 128))
-            budget -= ahead_lines[i]
-        programs = num_seqs * num_kv_heads * num_splits
-        ahead_per_program = next_power_of_2(triton.cdiv(sum(ahead_lines), programs))
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
         out, part_out, part_lse, counters, *rope_args,
@@ -520,8 +484,6 @@ def paged_attention(
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
-        ahead_0=ahead[0], ahead_1=ahead[1], ahead_2=ahead[2], ahead_lines_0=ahead_lines[0],
-        ahead_lines_1=ahead_lines[1], ahead_lines_2=ahead_lines[2], AHEAD_LINES=ahead_per_program,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out
