@@ -94,7 +94,12 @@ ATTENTION = {
     # script's 16, a server's with max_model_len 40960 66; 9 hold context at 532 tokens
     "splits9": _fused(num_splits=9, block_n=64),
     "splits13": _fused(num_splits=13, block_n=64),
+    "splits24": _fused(num_splits=24, block_n=64),
     "splits32": _fused(num_splits=32, block_n=64),
+    "splits48": _fused(num_splits=48, block_n=64),
+    # 32-key splits: 17 of them hold the context
+    "splits17_bn32": _fused(num_splits=17, block_n=32),
+    "splits32_bn32": _fused(num_splits=32, block_n=32),
     "splits66": _fused(num_splits=66, block_n=64),
 }
 # The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
