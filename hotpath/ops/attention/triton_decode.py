@@ -17,7 +17,10 @@ weights are read; after it, the projections in one round, the tiles from L2; the
 counter and its read of the partials (a separate merge kernel added 2.1-2.5 us a layer on an
 H200; merging here, ~0.4 us less at Qwen3-0.6B). Calls without splits, where the batch fills the
 GPU, are occupancy-bound instead: they skip the prefetch and load the query late, for registers
-(102 rather than 146 a thread at Qwen3-8B shapes). docs/benchmarks.md, run E, has the figures.
+(102 rather than 146 a thread at Qwen3-8B shapes). docs/benchmarks.md, run E, has the figures;
+run G those of what measured slower: attending to this step's keys from registers rather than
+reading them back from the cache (no barrier, the first tile loaded beside the projections or
+held across the wait), and streaming the layer's next weights into L2 during the kernel.
 
 The number of splits is fixed on the host (from the batch size and max_context_len, so a CUDA graph
 captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
