@@ -287,7 +287,7 @@ def test_cuda_decode_row_sums(num_splits, group, head_dim, dtype, gpu_triton, po
 @pytest.mark.parametrize("row_sums", [True, False])
 @pytest.mark.parametrize("qk_norm,head_dim", [(True, 128), (False, 64)])
 def test_cuda_rope_fused_decode_row_sums(row_sums, qk_norm, head_dim, gpu_triton, poisoned):
-    check_rope_fused([1, 1, 1, 1], [1, 16, 17, 500], 4, head_dim, head_dim, qk_norm,
+    check_rope_fused([1, 1, 1, 1], [1, 16, 17, 533], 4, head_dim, head_dim, qk_norm,
                      torch.bfloat16, "cuda", 13, layout="hnd", row_sums=row_sums)
 
 

@@ -387,21 +387,19 @@ def _attend_rows(
     sum and output, so within the tile the softmax and the product with the values reduce only
     over J, inside a thread: no block barrier until the states are folded after the last tile
     (the padded 16-row dots took ~20)."""
-    # loaded as a 2-D [J x KEY_ROWS, HEAD_DIM_PAD] tile (whose layout puts the rows that differ
-    # in their low bits across lanes and warps, the high bits in registers, whatever the Triton
-    # version), then viewed as [1, J, KEY_ROWS, HEAD_DIM_PAD], which moves no data
-    n = n0 + tl.arange(0, J * KEY_ROWS)
-    n_ok = n < n_end
+    # the tile is loaded as [1, J, KEY_ROWS, HEAD_DIM_PAD]: with a leading axis of one, the
+    # products with the query rows broadcast it in the layout it is loaded in (a tile expanded
+    # to 4-D after loading was converted through shared memory, a barrier per tile)
+    n = n0 + (tl.arange(0, J)[:, None] * KEY_ROWS + tl.arange(0, KEY_ROWS)[None, :])[None, :, :]
+    n_ok = n < n_end  # [1, J, KEY_ROWS]
     blocks = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
     in_block = n % BLOCK_SIZE
-    k_rows = (blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh)[:, None]
-    v_rows = (blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh)[:, None]
-    mask = n_ok[:, None] & (d[None, :] < HEAD_DIM)
-    k = tl.load(k_cache_ptr + k_rows + d[None, :], mask=mask, other=0.0)
-    v = tl.load(v_cache_ptr + v_rows + d[None, :], mask=mask, other=0.0)
-    k = tl.reshape(k, (1, J, KEY_ROWS, k.shape[1]))
-    v = tl.reshape(v, (1, J, KEY_ROWS, v.shape[1]))
-    n_ok = tl.reshape(n_ok, (1, J, KEY_ROWS))
+    k_rows = (blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh)[:, :, :, None]
+    v_rows = (blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh)[:, :, :, None]
+    dd = d[None, None, None, :]
+    mask = n_ok[:, :, :, None] & (dd < HEAD_DIM)
+    k = tl.load(k_cache_ptr + k_rows + dd, mask=mask, other=0.0)  # [1, J, KEY_ROWS, HEAD_DIM_PAD]
+    v = tl.load(v_cache_ptr + v_rows + dd, mask=mask, other=0.0)
     s = tl.sum(q4 * k.to(tl.float32), 3) * scale_log2  # [ROWS_Q, J, KEY_ROWS]
     s = tl.where(n_ok, s, float("-inf"))
     m_new = tl.maximum(m_r, tl.max(s, 1))
