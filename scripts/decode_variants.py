@@ -101,13 +101,6 @@ ATTENTION = {
     "splits17_bn32": _fused(num_splits=17, block_n=32),
     "splits32_bn32": _fused(num_splits=32, block_n=32),
     "splits66": _fused(num_splits=66, block_n=64),
-    # the split kernel's two forms: padded 16-row dots, or row sums (one query token)
-    "dots": _fused(row_sums=False),
-    "rows": _fused(row_sums=True),
-    "rows_bn32": _fused(row_sums=True, block_n=32),
-    "rows_s32_bn32": _fused(row_sums=True, num_splits=32, block_n=32),
-    "rows_w2": _fused(row_sums=True, num_warps=2, block_n=32),
-    "rows_w8": _fused(row_sums=True, num_warps=8, block_n=128),
 }
 # The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
 GEMV = {

@@ -83,27 +83,6 @@ def test_interpreter_decode_splits(num_splits, merge_elements, interpreter, pois
     assert not triton_decode._counters(torch.device("cpu")).any()
 
 
-@pytest.mark.parametrize("num_splits", [2, 5])
-@pytest.mark.parametrize("group,head_dim", [(1, 16), (2, 24), (4, 16)])
-def test_interpreter_decode_row_sums(num_splits, group, head_dim, interpreter, poisoned):
-    """The row-sum form of the split kernel (one query token a sequence): several tiles a split,
-    ragged last tiles, splits past a short context."""
-    from hotpath.ops.attention import triton_decode
-
-    b = paged_batch([1, 1, 1], [3, 40, 150], num_heads=2 * group, num_kv_heads=2,
-                    head_dim=head_dim, block_size=4, dtype=torch.float32, device="cpu")
-    check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=64, row_sums=True)
-
-
-def test_row_sums_rejects_several_query_tokens():
-    from hotpath.ops.attention import triton_decode
-
-    b = paged_batch([2], [9], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
-                    dtype=torch.float32, device="cpu")
-    with pytest.raises(ValueError, match="one query token"):
-        triton_decode.paged_attention(*b.args(0.3), num_splits=2, row_sums=True)
-
-
 def test_interpreter_decode_graph_sized(interpreter, poisoned):
     """A CUDA graph is captured with max_context_len = max_model_len: the splits sized for that
     must still cover (and spread) each sequence's shorter context."""
@@ -132,7 +111,7 @@ def new_token_slots(b, qlens, ctxs):
 
 
 def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, device,
-                     num_splits=None, layout="nhd", row_sums=None):
+                     num_splits=None, layout="nhd"):
     """rope_and_paged_attention (one decode kernel) against qk_norm_rope_and_cache then attention,
     both in the reference: the output, and every cache slot (the new tokens' keys and values)."""
     from hotpath.ops.attention import triton_decode
@@ -158,7 +137,7 @@ def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, d
     rope = (k_new, v_new, table, *weights, 1e-6)
     got = triton_decode.paged_attention(b.q, b.k_cache, b.v_cache, b.cu_query_lens, b.context_lens,
                                         b.block_tables, 0.3, b.max_query_len, b.max_context_len,
-                                        num_splits=num_splits, rope=rope, row_sums=row_sums)
+                                        num_splits=num_splits, rope=rope)
     assert rel_err(got, want) < TOL[dtype]
     for got_cache, want_cache in ((b.k_cache, want_k), (b.v_cache, want_v)):
         assert torch.equal(got_cache.isnan(), want_cache.isnan())  # the same slots written
@@ -173,13 +152,6 @@ def test_interpreter_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim
     """Decodes at block boundaries and a verify step whose new tokens straddle splits."""
     check_rope_fused([1, 4, 1, 3], [1, 9, 17, 30], 2, head_dim, rotary_dim, qk_norm,
                      torch.float32, "cpu", num_splits)
-
-
-@pytest.mark.parametrize("row_sums", [True, False])
-def test_interpreter_rope_fused_decode_row_sums(row_sums, interpreter, poisoned):
-    """One new token a sequence, at block boundaries, in either form of the split kernel."""
-    check_rope_fused([1, 1, 1, 1], [1, 4, 17, 30], 2, 16, 16, True, torch.float32, "cpu", 3,
-                     row_sums=row_sums)
 
 
 def test_interpreter_rope_fused_dispatch(interpreter, poisoned):
@@ -269,26 +241,6 @@ def test_cuda_decode_forced_splits(num_splits, gpu_triton, poisoned):
     b = paged_batch([1, 3, 1], [100, 5000, 17], num_heads=32, num_kv_heads=8, head_dim=128,
                     block_size=16, dtype=torch.bfloat16, device="cuda")
     check_kernel(b, kernel=triton_decode, num_splits=num_splits)
-
-
-@cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("group,head_dim", [(1, 64), (2, 128), (4, 128), (4, 64), (8, 64)])
-@pytest.mark.parametrize("num_splits", [2, 13, 66])
-def test_cuda_decode_row_sums(num_splits, group, head_dim, dtype, gpu_triton, poisoned):
-    from hotpath.ops.attention import triton_decode
-
-    b = paged_batch([1, 1, 1], [1, 533, 32768], num_heads=8 * group, num_kv_heads=8,
-                    head_dim=head_dim, block_size=16, dtype=dtype, device="cuda")
-    check_kernel(b, kernel=triton_decode, num_splits=num_splits, row_sums=True)
-
-
-@cuda
-@pytest.mark.parametrize("row_sums", [True, False])
-@pytest.mark.parametrize("qk_norm,head_dim", [(True, 128), (False, 64)])
-def test_cuda_rope_fused_decode_row_sums(row_sums, qk_norm, head_dim, gpu_triton, poisoned):
-    check_rope_fused([1, 1, 1, 1], [1, 16, 17, 533], 4, head_dim, head_dim, qk_norm,
-                     torch.bfloat16, "cuda", 13, layout="hnd", row_sums=row_sums)
 
 
 @cuda

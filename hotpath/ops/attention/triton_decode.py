@@ -68,9 +68,6 @@ TILE_BYTES = 64 * 128 * 2
 # The merge reads at most this many fp32 partials per round: 64 registers a thread at 4 warps, a
 # round for every split of a batch-1 decode with head_dim 128 and up to 4 q heads per kv head
 MERGE_ELEMENTS = 8192
-# The row-sum form keeps [query rows, key rows, head_dim] fp32 states: at most this many query rows
-# x padded dimensions (4 q heads a kv head at head_dim 128; more took the dot form's registers)
-ROW_SUMS_MAX = 512
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
 
@@ -197,8 +194,6 @@ def _decode_split_kernel(
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
-    ROW_SUMS: tl.constexpr,  # one query token a sequence: scores as row sums, no padded dots
-    KEY_ROWS: tl.constexpr,  # (ROW_SUMS) keys side by side in a tile: lanes x warps across rows
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -294,34 +289,15 @@ def _decode_split_kernel(
     else:
         q = tl.load(q_rows + d[None, :], mask=row_mask, other=0.0)
 
-    if ROW_SUMS:
-        # a running softmax per (query row, key row of the tile): the reductions over keys stay
-        # inside each thread until the end (see _attend_rows)
-        m_r = tl.full([BLOCK_M, KEY_ROWS], float("-inf"), tl.float32)
-        l_r = tl.zeros([BLOCK_M, KEY_ROWS], tl.float32)
-        acc_r = tl.zeros([BLOCK_M, KEY_ROWS, HEAD_DIM_PAD], tl.float32)
-        q4 = q.to(tl.float32)[:, None, None, :]  # [BLOCK_M, 1, 1, HEAD_DIM_PAD]
-        for n0 in range(start, end, BLOCK_N):
-            acc_r, l_r, m_r = _attend_rows(
-                acc_r, l_r, m_r, q4, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
-                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
-                BLOCK_N // KEY_ROWS, KEY_ROWS, BLOCK_SIZE, HEAD_DIM,
-            )
-        # the key rows' states folded into one per query row, once
-        m_i = tl.max(m_r, 1)
-        w = tl.exp2(m_r - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = tl.sum(l_r * w, 1)
-        acc = tl.sum(acc_r * w[:, :, None], 1)
-    else:
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            acc, l_i, m_i = attend_tile(
-                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
-                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
-                True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
-            )
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        acc, l_i, m_i = attend_tile(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
+            True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
+        )
 
     if DIRECT:
         # one split holds the whole context, so every real row has seen at least its own key
@@ -352,63 +328,6 @@ def _decode_split_kernel(
             _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_start, q_len, kv_head, used,
                           num_heads, num_splits, stride_ot, stride_oh, d, GROUP, MERGE_M,
                           SPLIT_CHUNK, HEAD_DIM)
-
-
-@triton.jit
-def _attend_rows(
-    acc,  # [ROWS_Q, KEY_ROWS, HEAD_DIM_PAD] fp32
-    l_r,  # [ROWS_Q, KEY_ROWS] fp32
-    m_r,  # [ROWS_Q, KEY_ROWS] fp32
-    q4,  # [ROWS_Q, 1, 1, HEAD_DIM_PAD] fp32
-    k_cache_ptr,
-    v_cache_ptr,
-    block_table_ptr,
-    n0,
-    n_end,
-    kv_head,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_vb,
-    stride_vt,
-    stride_vh,
-    scale_log2,
-    d,  # [HEAD_DIM_PAD] arange
-    J: tl.constexpr,
-    KEY_ROWS: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    """One tile of J x KEY_ROWS keys for query rows that all sit past every key (one new token a
-    sequence: no causal mask inside the context), without tensor cores. The tile is [J, KEY_ROWS,
-    HEAD_DIM_PAD]; Triton's layout for it puts 16-byte vectors of a row across lanes, KEY_ROWS
-    across the rest of the lanes and the warps, and J in each thread. Scores are FMAs summed
-    across a row's lanes (shuffles), and every (query row, key row) keeps its own running max,
-    sum and output, so within the tile the softmax and the product with the values reduce only
-    over J, inside a thread: no block barrier until the states are folded after the last tile
-    (the padded 16-row dots took ~20)."""
-    # the tile is loaded as [1, J, KEY_ROWS, HEAD_DIM_PAD]: with a leading axis of one, the
-    # products with the query rows broadcast it in the layout it is loaded in (a tile expanded
-    # to 4-D after loading was converted through shared memory, a barrier per tile)
-    n = n0 + (tl.arange(0, J)[:, None] * KEY_ROWS + tl.arange(0, KEY_ROWS)[None, :])[None, :, :]
-    n_ok = n < n_end  # [1, J, KEY_ROWS]
-    blocks = tl.load(block_table_ptr + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-    in_block = n % BLOCK_SIZE
-    k_rows = (blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh)[:, :, :, None]
-    v_rows = (blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh)[:, :, :, None]
-    dd = d[None, None, None, :]
-    mask = n_ok[:, :, :, None] & (dd < HEAD_DIM)
-    k = tl.load(k_cache_ptr + k_rows + dd, mask=mask, other=0.0)  # [1, J, KEY_ROWS, HEAD_DIM_PAD]
-    v = tl.load(v_cache_ptr + v_rows + dd, mask=mask, other=0.0)
-    s = tl.sum(q4 * k.to(tl.float32), 3) * scale_log2  # [ROWS_Q, J, KEY_ROWS]
-    s = tl.where(n_ok, s, float("-inf"))
-    m_new = tl.maximum(m_r, tl.max(s, 1))
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: exp2 gives 0
-    p = tl.exp2(s - m_shift[:, None, :])
-    alpha = tl.exp2(m_r - m_shift)
-    l_r = l_r * alpha + tl.sum(p, 1)
-    pv = tl.sum(p[:, :, :, None] * v.to(tl.float32), 1)  # [ROWS_Q, KEY_ROWS, HEAD_DIM_PAD]
-    return acc * alpha[:, :, None] + pv, l_r, m_new
 
 
 @triton.jit
@@ -477,12 +396,6 @@ def choose_num_splits(
     return max(1, min(wanted, triton.cdiv(max_context_len, MIN_SPLIT_TOKENS), MAX_SPLITS))
 
 
-def use_row_sums(max_query_len: int, group: int, head_dim_pad: int, direct: bool) -> bool:
-    """The row-sum form of the split kernel: one query token a sequence, and few enough query
-    rows x dimensions that the per-key-row states fit the registers."""
-    return max_query_len == 1 and not direct and next_power_of_2(group) * head_dim_pad <= ROW_SUMS_MAX
-
-
 def choose_block_n(head_dim_pad: int, elem_size: int, tokens_per_split: int) -> int:
     """Keys per tile: TILE_BYTES of keys, fewer when the splits are shorter."""
     block_n = max(16, TILE_BYTES // (head_dim_pad * elem_size))
@@ -505,7 +418,6 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
-    row_sums: bool | None = None,  # tests and tuning: force either form of the split kernel
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
@@ -521,29 +433,17 @@ def paged_attention(
     assert num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
     head_dim_pad = max(16, next_power_of_2(head_dim))
+    block_m = max(16, next_power_of_2(max_query_len * group))
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
-    direct = num_splits == 1
-    if row_sums is None:
-        row_sums = use_row_sums(max_query_len, group, head_dim_pad, direct)
-    elif row_sums and max_query_len != 1:
-        raise ValueError("row_sums takes one query token per sequence")
-    if row_sums:
-        block_m = next_power_of_2(group)
-        # lanes across a row in 16-byte vectors, the rest of the lanes and the warps across rows
-        lanes_d = min(32, max(1, head_dim_pad * q.element_size() // 16))
-        key_rows = 32 // lanes_d * num_warps
-    else:
-        block_m = max(16, next_power_of_2(max_query_len * group))
-        key_rows = 1
     if block_n is None:
         block_n = choose_block_n(
             head_dim_pad, q.element_size(), triton.cdiv(max_context_len, num_splits)
         )
-    block_n = max(block_n, key_rows)
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return out
+    direct = num_splits == 1
     merge_m = next_power_of_2(max_query_len * group)
     counters = _counters(q.device)
     if direct:
@@ -587,7 +487,6 @@ def paged_attention(
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
-        ROW_SUMS=row_sums, KEY_ROWS=key_rows,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out
