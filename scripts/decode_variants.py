@@ -62,6 +62,17 @@ def _fused(**launch):
     return attend
 
 
+def _merge_elements(n):
+    """The fused kernel with its merge reading up to n fp32 partials a round."""
+    def attend(*args):
+        kept, triton_decode.MERGE_ELEMENTS = triton_decode.MERGE_ELEMENTS, n
+        try:
+            return _fused()(*args)
+        finally:
+            triton_decode.MERGE_ELEMENTS = kept
+    return attend
+
+
 def _unfused(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_w, k_norm_w, eps,
              cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len):
     """The two-kernel path: QK-norm, RoPE and the cache write, then attention."""
@@ -72,9 +83,10 @@ def _unfused(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm
 
 
 def _gemv(**shapes):
-    """GEMV configs at M = 1 by weight shape: r{rows}x{K}=(block_n, block_k, split_k, warps)."""
-    return {tuple(int(v) for v in name[1:].split("x")): triton_gemv.GemvConfig(bn, bk, split, warps, 1, False)
-            for name, (bn, bk, split, warps) in shapes.items()}
+    """GEMV configs at M = 1 by weight shape: r{rows}x{K}=(block_n, block_k, split_k, warps[,
+    tail_k])."""
+    return {tuple(int(v) for v in name[1:].split("x")): triton_gemv.GemvConfig(*c[:3], c[3], 1, False, *c[4:])
+            for name, c in shapes.items()}
 
 
 ATTENTION = {
@@ -101,6 +113,8 @@ ATTENTION = {
     "splits17_bn32": _fused(num_splits=17, block_n=32),
     "splits32_bn32": _fused(num_splits=32, block_n=32),
     "splits66": _fused(num_splits=66, block_n=64),
+    # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round take two rounds for 9 splits
+    "merge16k": _merge_elements(16384),
 }
 # The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
 GEMV = {
@@ -144,6 +158,18 @@ GEMV = {
     "8_B_gu_o1024": _gemv(r6144x4096=(8, 4096, 1, 8), r24576x4096=(8, 4096, 1, 8), r4096x4096=(8, 1024, 1, 4)),
     "8_B_o": _gemv(r6144x4096=(8, 4096, 1, 8), r4096x4096=(8, 4096, 1, 8)),
     "8_B_lm": _gemv(r6144x4096=(8, 4096, 1, 8), r151936x4096=(8, 4096, 1, 8)),
+    # Qwen3-32B (qkv 10240x5120, o 5120x8192, gate_up 51200x5120, down 5120x25600, LM head
+    # 151936x5120) and Qwen2.5-Coder-32B (qkv 7168x5120, o 5120x5120, gate_up 55296x5120):
+    # K = 5120 in two tiles, 4096 + 1024, both loaded before PDL's wait
+    "32_tail": _gemv(r10240x5120=(8, 4096, 1, 8, 1024), r51200x5120=(8, 4096, 1, 8, 1024)),
+    "32_tail_qkv": _gemv(r10240x5120=(8, 4096, 1, 8, 1024)),
+    "32_tail_lm": _gemv(r10240x5120=(8, 4096, 1, 8, 1024), r51200x5120=(8, 4096, 1, 8, 1024),
+                        r151936x5120=(8, 4096, 1, 8, 1024)),
+    "32_o16": _gemv(r5120x8192=(8, 8192, 1, 16)),
+    "32_tail_o16": _gemv(r10240x5120=(8, 4096, 1, 8, 1024), r51200x5120=(8, 4096, 1, 8, 1024),
+                         r5120x8192=(8, 8192, 1, 16)),
+    "c32_tail": _gemv(r7168x5120=(8, 4096, 1, 8, 1024), r55296x5120=(8, 4096, 1, 8, 1024),
+                      r5120x5120=(8, 4096, 1, 8, 1024)),
     # choose_config before run F's whole-K rule, and whole-K tiles of 4 rows
     "06_old_rule": _gemv(r4096x1024=(8, 1024, 1, 4), r1024x2048=(8, 2048, 1, 8),
                          r6144x1024=(8, 1024, 1, 4), r1024x3072=(8, 2048, 2, 8)),

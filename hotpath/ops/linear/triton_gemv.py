@@ -75,6 +75,9 @@ class GemvConfig:
     num_warps: int
     num_stages: int
     use_dot: bool  # tensor cores (x's rows padded to DOT_BLOCK_M) or element-wise FMAs
+    # M = 1 without a split: a second tile of this many K elements (a power of 2) after the first
+    # block_k, both loaded before PDL's wait, where K = block_k + tail_k is not a power of 2
+    tail_k: int = 0
 
 
 def _counters(device: torch.device) -> torch.Tensor:
@@ -228,6 +231,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    TAIL_K: tl.constexpr,  # 0, or K = BLOCK_K + TAIL_K in two tiles (M = 1, no split)
     DOT_PRECISION: tl.constexpr,
 ):
     pdl_launch_dependents(USE_PDL)
@@ -277,11 +281,16 @@ def _gemv_kernel(
             w = tl.load(w_rows + rk[None, :])
         else:
             w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+        if TAIL_K > 0:
+            rk_tail = BLOCK_K + tl.arange(0, TAIL_K)
+            w_tail = tl.load(w_rows + rk_tail[None, :])
         pdl_wait(USE_PDL)
         # one row: the producer's N tiles' partials, in one load up to 1024 of them
         rstd = tl.sum(_rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024)) if NORM_INPUT else 1.0
         acc_n = _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
-        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+        if TAIL_K > 0:
+            acc_n += _dot_x(w_tail, x_ptr, rk_tail, K, norm_w_ptr, rstd, True, NORM_INPUT)
+        for k0 in range(k_start + BLOCK_K + TAIL_K, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 w = tl.load(w_rows + rk[None, :])
@@ -381,6 +390,7 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         return out.view(*x.shape[:-1], N), None
     cfg = config or choose_config(M, rows, K, x.device)
     assert cfg.block_n % 2 == 0 or not gated
+    assert not cfg.tail_k or (cfg.block_k + cfg.tail_k == K and cfg.split_k == 1 and not cfg.use_dot)
     block_m = DOT_BLOCK_M if cfg.use_dot else 1
     if M > block_m:
         raise ValueError(f"the GEMV kernel takes at most {block_m} rows with this config, got {M}")
@@ -412,11 +422,12 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         RESIDUAL=residual is not None,
         SPLIT=split > 1,
         USE_DOT=cfg.use_dot,
-        EVEN_K=K % cfg.block_k == 0,
+        EVEN_K=K % cfg.block_k == 0 or cfg.tail_k > 0,
         USE_PDL=use_pdl,
         BLOCK_M=block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        TAIL_K=cfg.tail_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
