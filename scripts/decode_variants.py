@@ -168,6 +168,9 @@ GEMV = {
     "32_o16": _gemv(r5120x8192=(8, 8192, 1, 16)),
     "32_tail_o16": _gemv(r10240x5120=(8, 4096, 1, 8, 1024), r51200x5120=(8, 4096, 1, 8, 1024),
                          r5120x8192=(8, 8192, 1, 16)),
+    # Qwen3-0.6B down_proj (K = 3072): one 4096-wide tile, a quarter masked (the rule before run
+    # H), against the two tiles 2048 + 1024 of the rule since
+    "06_down_pad": _gemv(r1024x3072=(8, 4096, 1, 8)),
     "c32_tail": _gemv(r7168x5120=(8, 4096, 1, 8, 1024), r55296x5120=(8, 4096, 1, 8, 1024),
                       r5120x5120=(8, 4096, 1, 8, 1024)),
     # choose_config before run F's whole-K rule, and whole-K tiles of 4 rows

@@ -170,13 +170,17 @@ def test_interpreter_default_config(interpreter, poisoned):
 
 
 def test_gemv_config_at_one_row():
-    """At M = 1: all of K in one tile, unsplit, up to WHOLE_K; longer K walks narrower tiles
-    and may be split (the CPU stand-in has 4 SMs)."""
+    """At M = 1: all of K in one tile, unsplit, up to WHOLE_K, or in two where K is two powers
+    of 2 up to 5120; longer K walks narrower tiles and may be split (the CPU stand-in has 4
+    SMs)."""
     from hotpath.ops.linear import triton_gemv
 
     cpu = torch.device("cpu")
-    whole = triton_gemv.choose_config(1, 4096, 3072, cpu)
-    assert (whole.block_k, whole.split_k, whole.use_dot) == (4096, 1, False)
+    whole = triton_gemv.choose_config(1, 4096, 3584, cpu)
+    assert (whole.block_k, whole.tail_k, whole.split_k, whole.use_dot) == (4096, 0, 1, False)
+    for K, tiles in ((3072, (2048, 1024)), (5120, (4096, 1024))):
+        two = triton_gemv.choose_config(1, 4096, K, cpu)
+        assert (two.block_k, two.tail_k, two.split_k) == (*tiles, 1)
     long_k = triton_gemv.choose_config(1, 4096, 12288, cpu)  # 512 N tiles fill 4 SMs: no split
     assert long_k.block_k < triton_gemv.WHOLE_K and long_k.split_k == 1
     narrow = triton_gemv.choose_config(1, 8, 12288, cpu)  # one N tile

@@ -96,6 +96,16 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
     return triton.cdiv(chunks, triton.cdiv(chunks, split))
 
 
+def _two_tiles(K: int) -> tuple[int, int] | None:
+    """(a, b) where K = a + b, powers of 2 with 2048 <= a and b < a, and K <= WHOLE_K * 5 / 4
+    (8 rows of bf16 in an 8-warp program's registers: 128-171 a thread at 5120); else None."""
+    a = 1 << (K.bit_length() - 1)
+    b = K - a
+    if a < 2048 or b == 0 or b & (b - 1) or K > WHOLE_K + WHOLE_K // 4:
+        return None
+    return a, b
+
+
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # At M = 1, from H200 measurements inside the batch-1 decode graph (scripts/decode_variants.py,
     # docs/benchmarks.md run F; Qwen3-0.6B, -8B and -32B, bf16, PDL on). Where K <= WHOLE_K, one
@@ -111,10 +121,15 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # programs per SM), or 8 x 2048 over 8 warps where that needs no K split or the weight is
     # short, K split to fill the SMs. Walking 4096-wide tiles instead (one 8-warp program per SM)
     # made Qwen3-32B's step 25% slower and 8B's down_proj 0.3% faster.
+    # A K of two powers of 2 up to WHOLE_K + WHOLE_K / 4 (Qwen3-32B's and Qwen2.5-32B's 5120 =
+    # 4096 + 1024) is whole too, as two tiles with no masked lanes (run H: Qwen3-32B's step 6%
+    # faster than walking 2048-wide tiles, its LM head alone 0.15% slower).
     # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
     # kernel beats cuBLAS (back-to-back sweeps).
     if M == 1:
         block_n, num_stages, use_dot = 8, 1, False
+        if tiles := _two_tiles(K):
+            return GemvConfig(block_n, tiles[0], 1, 8, num_stages, use_dot, tail_k=tiles[1])
         if K <= WHOLE_K:
             block_k = max(16, triton.next_power_of_2(K))
             few = triton.cdiv(N, block_n) <= PROGRAMS_PER_SM * sm_count(device)
