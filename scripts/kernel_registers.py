@@ -1,6 +1,6 @@
-"""Registers and spills of the batch-1 decode kernels at Qwen3-8B shapes, compiled for an H200
-(sm_90) on any Linux machine, GPU or not (Triton's wheel carries ptxas). The launches are captured
-from the real host functions, with the H200's 132 SMs so that they pick the H200's splits and
+"""Registers and spills of the batch-1 decode kernels at Qwen3-8B shapes (and Qwen3-32B's
+two-tile gate_up), compiled for an H200 (sm_90) on any Linux machine, GPU or not (Triton's wheel
+carries ptxas). The launches are captured from the real host functions, with the H200's 132 SMs so that they pick the H200's splits and
 tiles, and compiled as the GPU launch would specialise them, PDL on as on Hopper.
 
     python scripts/kernel_registers.py        # one JSON object: kernel -> [registers, spilled bytes]
@@ -79,6 +79,10 @@ def projections() -> dict[str, tuple[int, int]]:
         "down": lambda: triton_gemv.linear_add_residual(
             torch.empty(1, INTERMEDIATE, **BF16), torch.empty(HIDDEN, INTERMEDIATE, **BF16), h),
     }
+    # Qwen3-32B's gate_up: K = 5120 in two tiles, 4096 + 1024, both held before PDL's wait
+    h32 = torch.empty(1, 5120, **BF16)
+    launches["qwen3-32b gate_up (two tiles)"] = lambda: triton_gemv.linear_silu_and_mul(
+        h32, torch.empty(51200, 5120, **BF16), rms=(torch.empty(640, 1), torch.empty(5120, **BF16), 1e-6))
     return {name: resources(triton_gemv, "_gemv_kernel", launch) for name, launch in launches.items()}
 
 

@@ -170,17 +170,18 @@ def test_interpreter_default_config(interpreter, poisoned):
 
 
 def test_gemv_config_at_one_row():
-    """At M = 1: all of K in one tile, unsplit, up to WHOLE_K, or in two where K is two powers
-    of 2 up to 5120; longer K walks narrower tiles and may be split (the CPU stand-in has 4
-    SMs)."""
+    """At M = 1: all of K in one tile, unsplit, up to WHOLE_K, or in two where K is WHOLE_K
+    and a power of 2 up to WHOLE_K / 4; longer K walks narrower tiles and may be split (the
+    CPU stand-in has 4 SMs)."""
     from hotpath.ops.linear import triton_gemv
 
     cpu = torch.device("cpu")
-    whole = triton_gemv.choose_config(1, 4096, 3584, cpu)
-    assert (whole.block_k, whole.tail_k, whole.split_k, whole.use_dot) == (4096, 0, 1, False)
-    for K, tiles in ((3072, (2048, 1024)), (5120, (4096, 1024))):
-        two = triton_gemv.choose_config(1, 4096, K, cpu)
-        assert (two.block_k, two.tail_k, two.split_k) == (*tiles, 1)
+    for K in (3072, 3584):
+        whole = triton_gemv.choose_config(1, 4096, K, cpu)
+        assert (whole.block_k, whole.tail_k, whole.split_k, whole.use_dot) == (4096, 0, 1, False)
+    two = triton_gemv.choose_config(1, 4096, 5120, cpu)
+    assert (two.block_k, two.tail_k, two.split_k) == (4096, 1024, 1)
+    assert triton_gemv.choose_config(1, 4096, 6144, cpu).tail_k == 0
     long_k = triton_gemv.choose_config(1, 4096, 12288, cpu)  # 512 N tiles fill 4 SMs: no split
     assert long_k.block_k < triton_gemv.WHOLE_K and long_k.split_k == 1
     narrow = triton_gemv.choose_config(1, 8, 12288, cpu)  # one N tile
@@ -246,8 +247,9 @@ def test_reference_is_f_linear():
 
 
 # ---- GPU -----------------------------------------------------------------------------------------
-# odd shapes (N and K off every tile size), Qwen3-0.6B's projections, a Qwen3-8B one
-GPU_SHAPES = [(33, 1000), (1000, 2050), (4096, 1024), (1024, 3072), (6144, 4096)]
+# odd shapes (N and K off every tile size), Qwen3-0.6B's projections, a Qwen3-8B one, a
+# Qwen3-32B one (K in two tiles at one row)
+GPU_SHAPES = [(33, 1000), (1000, 2050), (4096, 1024), (1024, 3072), (6144, 4096), (10240, 5120)]
 
 
 @cuda
@@ -265,7 +267,7 @@ def test_cuda(M, N, K, dtype, poisoned):
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("N,K", [(3072, 1024), (12288, 4096), (500, 2050)])
+@pytest.mark.parametrize("N,K", [(3072, 1024), (12288, 4096), (500, 2050), (25600, 5120)])
 @pytest.mark.parametrize("M", [1, 4])
 def test_cuda_gated(M, N, K, dtype, poisoned):
     """linear_silu_and_mul at Qwen3-0.6B's and -8B's gate_up shapes and an odd one."""
@@ -277,7 +279,7 @@ def test_cuda_gated(M, N, K, dtype, poisoned):
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("N,K", [(1024, 2048), (4096, 12288), (1000, 2050)])
+@pytest.mark.parametrize("N,K", [(1024, 2048), (4096, 12288), (1000, 2050), (5120, 5120)])
 @pytest.mark.parametrize("M", [1, 3])
 def test_cuda_fused_norm_and_residual(M, N, K, dtype, poisoned):
     """The rms= prologue and residual epilogue at Qwen3 o_proj / down_proj shapes and an odd one,

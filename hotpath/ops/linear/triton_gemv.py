@@ -97,13 +97,12 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
 
 
 def _two_tiles(K: int) -> tuple[int, int] | None:
-    """(a, b) where K = a + b, powers of 2 with 2048 <= a and b < a, and K <= WHOLE_K * 5 / 4
-    (8 rows of bf16 in an 8-warp program's registers: 128-171 a thread at 5120); else None."""
-    a = 1 << (K.bit_length() - 1)
-    b = K - a
-    if a < 2048 or b == 0 or b & (b - 1) or K > WHOLE_K + WHOLE_K // 4:
+    """(WHOLE_K, K - WHOLE_K) where that remainder is a power of 2 up to WHOLE_K / 4 (8 rows of
+    bf16 in an 8-warp program's registers: 128-171 a thread at 5120); else None."""
+    b = K - WHOLE_K
+    if b <= 0 or b & (b - 1) or b > WHOLE_K // 4:
         return None
-    return a, b
+    return WHOLE_K, b
 
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
@@ -121,9 +120,10 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # programs per SM), or 8 x 2048 over 8 warps where that needs no K split or the weight is
     # short, K split to fill the SMs. Walking 4096-wide tiles instead (one 8-warp program per SM)
     # made Qwen3-32B's step 25% slower and 8B's down_proj 0.3% faster.
-    # A K of two powers of 2 up to WHOLE_K + WHOLE_K / 4 (Qwen3-32B's and Qwen2.5-32B's 5120 =
-    # 4096 + 1024) is whole too, as two tiles with no masked lanes (run H: Qwen3-32B's step 6%
-    # faster than walking 2048-wide tiles, its LM head alone 0.15% slower).
+    # K = WHOLE_K + a power of 2 up to WHOLE_K / 4 (Qwen3-32B's and Qwen2.5-32B's 5120 = 4096 +
+    # 1024) is whole too, in two tiles (run H: both 32B steps 6% faster than walking 2048-wide
+    # tiles; the LM head alone 0.15% slower). Not below WHOLE_K: Qwen3-0.6B's down_proj (K =
+    # 3072) as 2048 + 1024 made the step 8% slower than one 4096-wide tile, a quarter masked.
     # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
     # kernel beats cuBLAS (back-to-back sweeps).
     if M == 1:
