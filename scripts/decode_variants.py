@@ -158,10 +158,6 @@ GEMV = {
     "8_B_gu_o1024": _gemv(r6144x4096=(8, 4096, 1, 8), r24576x4096=(8, 4096, 1, 8), r4096x4096=(8, 1024, 1, 4)),
     "8_B_o": _gemv(r6144x4096=(8, 4096, 1, 8), r4096x4096=(8, 4096, 1, 8)),
     "8_B_lm": _gemv(r6144x4096=(8, 4096, 1, 8), r151936x4096=(8, 4096, 1, 8)),
-    # 8B down_proj whole, as 8192 + 4096 (8 rows over 16 warps, or 4 rows)
-    "8_down_two16": _gemv(r4096x12288=(8, 8192, 1, 16, 4096)),
-    "8_down_two_n4": _gemv(r4096x12288=(4, 8192, 1, 8, 4096)),
-    "8_down_two_n4w16": _gemv(r4096x12288=(4, 8192, 1, 16, 4096)),
     # Qwen3-32B (qkv 10240x5120, o 5120x8192, gate_up 51200x5120, down 5120x25600, LM head
     # 151936x5120) and Qwen2.5-Coder-32B (qkv 7168x5120, o 5120x5120, gate_up 55296x5120):
     # K = 5120 in two tiles, 4096 + 1024, both loaded before PDL's wait

@@ -6,7 +6,8 @@ is a stream over the weight, and its speed is how many weight bytes each SM keep
 weight is spread over many programs:
 
 - a program owns BLOCK_N output features (rows of the weight) and one split of K, and walks that
-  split in [BLOCK_N, BLOCK_K] tiles read with wide loads along K, the weight's contiguous axis;
+  split in [BLOCK_N, BLOCK_K] tiles read with wide loads along K, the weight's contiguous axis
+  (or, at one row, holds all of K = BLOCK_K + TAIL_K as two tiles, so that no lane is masked);
 - without tensor cores (USE_DOT off; the GEMV case, M = 1) each tile is multiplied by x
   element-wise and summed along K into an fp32 [BLOCK_N] accumulator. Summing every tile (rather
   than once at the end) keeps the accumulator out of the registers, so more programs fit on an SM
