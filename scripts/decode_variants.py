@@ -62,14 +62,17 @@ def _fused(**launch):
     return attend
 
 
-def _merge_elements(n):
-    """The fused kernel with its merge reading up to n fp32 partials a round."""
+def _merge_rule(**constants):
+    """The fused kernel with other merge constants of triton_decode (split chunk per round)."""
     def attend(*args):
-        kept, triton_decode.MERGE_ELEMENTS = triton_decode.MERGE_ELEMENTS, n
+        kept = {name: getattr(triton_decode, name) for name in constants}
+        for name, value in constants.items():
+            setattr(triton_decode, name, value)
         try:
             return _fused()(*args)
         finally:
-            triton_decode.MERGE_ELEMENTS = kept
+            for name, value in kept.items():
+                setattr(triton_decode, name, value)
     return attend
 
 
@@ -113,8 +116,10 @@ ATTENTION = {
     "splits17_bn32": _fused(num_splits=17, block_n=32),
     "splits32_bn32": _fused(num_splits=32, block_n=32),
     "splits66": _fused(num_splits=66, block_n=64),
-    # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round take two rounds for 9 splits
-    "merge16k": _merge_elements(16384),
+    # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round took two rounds for 9 splits
+    # (run H call 4); merge_min1: the rule before MIN_MERGE_SPLITS
+    "merge16k": _merge_rule(MERGE_ELEMENTS=16384),
+    "merge_min1": _merge_rule(MIN_MERGE_SPLITS=1),
 }
 # The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
 GEMV = {

@@ -83,6 +83,18 @@ def test_interpreter_decode_splits(num_splits, merge_elements, interpreter, pois
     assert not triton_decode._counters(torch.device("cpu")).any()
 
 
+def test_merge_chunk():
+    """Splits a merge round reads: MERGE_ELEMENTS partials, at least MIN_MERGE_SPLITS where that
+    is at most twice as many, never more than the splits."""
+    from hotpath.ops.attention.triton_decode import merge_chunk
+
+    assert merge_chunk(66, 2 * 128) == 32  # Qwen3-0.6B: 2 q heads a kv head
+    assert merge_chunk(66, 4 * 128) == 16  # Qwen3-8B
+    assert merge_chunk(66, 8 * 128) == 16  # Qwen3-32B: one round for 16 splits, not two of 8
+    assert merge_chunk(66, 16 * 128) == 4  # a 4-token verify step at 4 q heads
+    assert merge_chunk(5, 8 * 128) == 8
+
+
 def test_interpreter_decode_graph_sized(interpreter, poisoned):
     """A CUDA graph is captured with max_context_len = max_model_len: the splits sized for that
     must still cover (and spread) each sequence's shorter context."""
