@@ -1,7 +1,8 @@
 """Registers and spills of the batch-1 decode kernels at Qwen3-8B shapes (and Qwen3-32B's
 two-tile gate_up), compiled for an H200 (sm_90) on any Linux machine, GPU or not (Triton's wheel
-carries ptxas). The launches are captured from the real host functions, with the H200's 132 SMs so that they pick the H200's splits and
-tiles, and compiled as the GPU launch would specialise them, PDL on as on Hopper.
+carries ptxas). The launches are captured from the real host functions, with the H200's 132 SMs
+so that they pick the H200's splits and tiles, and compiled as the GPU launch would specialise
+them, PDL on as on Hopper.
 
     python scripts/kernel_registers.py        # one JSON object: kernel -> [registers, spilled bytes]
 

@@ -113,12 +113,10 @@ def test_interpreter_fused_norm_and_residual(M, N, K, use_dot, split_k, interpre
 def test_interpreter_tail_tile(N, K, block_k, tail_k, interpreter, poisoned):
     """One row, K in two tiles (block_k then tail_k, both before the wait): plain, gated, RMS
     prologue and residual epilogue."""
-    from hotpath.ops.linear.triton_gemv import GemvConfig
-
     from hotpath.ops.linear import triton_gemv
 
     x, weight, b = inputs(1, N, K, torch.float32, "cpu", bias=True)
-    config = GemvConfig(8, block_k, 1, 4, 1, False, tail_k)
+    config = triton_gemv.GemvConfig(8, block_k, 1, 4, 1, False, tail_k)
     check(triton_gemv.linear(x, weight, b, config=config), x, weight, b, TOL[torch.float32])
     check_fused_forms(1, N, K, torch.float32, "cpu", TOL[torch.float32], config=config)
 
