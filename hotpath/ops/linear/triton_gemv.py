@@ -97,13 +97,11 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
     return triton.cdiv(chunks, triton.cdiv(chunks, split))
 
 
-def _two_tiles(K: int) -> tuple[int, int] | None:
-    """(WHOLE_K, K - WHOLE_K) where that remainder is a power of 2 up to WHOLE_K / 4 (8 rows of
-    bf16 in an 8-warp program's registers: 128-171 a thread at 5120); else None."""
-    b = K - WHOLE_K
-    if b <= 0 or b & (b - 1) or b > WHOLE_K // 4:
-        return None
-    return WHOLE_K, b
+def _tail_k(K: int) -> int:
+    """K - WHOLE_K where that is a power of 2 up to WHOLE_K / 4 (K held whole as two tiles; 8
+    rows of bf16 in an 8-warp program's registers: 128-171 a thread at 5120), else 0."""
+    tail = K - WHOLE_K
+    return tail if 0 < tail <= WHOLE_K // 4 and tail & (tail - 1) == 0 else 0
 
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
@@ -129,8 +127,8 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # kernel beats cuBLAS (back-to-back sweeps).
     if M == 1:
         block_n, num_stages, use_dot = 8, 1, False
-        if tiles := _two_tiles(K):
-            return GemvConfig(block_n, tiles[0], 1, 8, num_stages, use_dot, tail_k=tiles[1])
+        if tail_k := _tail_k(K):
+            return GemvConfig(block_n, WHOLE_K, 1, 8, num_stages, use_dot, tail_k)
         if K <= WHOLE_K:
             block_k = max(16, triton.next_power_of_2(K))
             few = triton.cdiv(N, block_n) <= PROGRAMS_PER_SM * sm_count(device)
