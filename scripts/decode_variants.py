@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 import hotpath.layers.attention as layer_attention
+from hotpath.models.llama import DecoderLayer
 from hotpath.ops.attention import triton_decode
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
@@ -203,7 +204,11 @@ GEMV = {
                          r51200x5120=(8, 2048, 1, 8), r5120x25600=(8, 2048, 1, 8),
                          r151936x5120=(8, 2048, 1, 8)),
 }
-ALL = ["full", *ATTENTION, *GEMV]
+# The one-row forward's two forms (DecoderLayer.merge_splits_in_o_proj): "full" merges
+# attention's splits in o_proj; "merge_in_attention" (and every ATTENTION variant, which swaps the
+# attention of that form) merges them in attention. deferN: the first form at N splits
+DEFER_SPLITS = {f"defer{n}": n for n in (9, 13, 24, 32, 48)}
+ALL = ["full", "merge_in_attention", *DEFER_SPLITS, *ATTENTION, *GEMV]
 
 
 def main() -> None:
@@ -222,9 +227,13 @@ def main() -> None:
     seqs = [engine.scheduler.running[0]]
     num_layers = len(runner.model.model.layers)
     attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
+    choose_num_splits = triton_decode.choose_num_splits
     graphs = {}
     for name in names:
         layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
+        DecoderLayer.merge_splits_in_o_proj = name not in ATTENTION and name != "merge_in_attention"
+        triton_decode.choose_num_splits = (
+            (lambda *a, n=DEFER_SPLITS[name]: n) if name in DEFER_SPLITS else choose_num_splits)
         table = GEMV.get(name, {})
         triton_gemv.choose_config = lambda M, N, K, device, t=table: (
             t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
@@ -234,6 +243,7 @@ def main() -> None:
         # the inputs stay referenced: every capture allocates its own
         graphs[name] = (*runner.graphs[1], runner.decode_inputs)
     layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
+    DecoderLayer.merge_splits_in_o_proj, triton_decode.choose_num_splits = True, choose_num_splits
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the
     # order of fp32 sums (attention stand-ins compute something else)

@@ -38,19 +38,21 @@ class _Capture:
 
 
 def resources(module, kernel_name: str, launch) -> tuple[int, int]:
-    kernel, sm_count = getattr(module, kernel_name), module.sm_count
+    kernel, sm_count = getattr(module, kernel_name), getattr(module, "sm_count", None)
     capture = _Capture()
     setattr(module, kernel_name, capture)
-    module.sm_count = lambda device: 132
+    if sm_count is not None:
+        module.sm_count = lambda device: 132
     try:
         launch()
     finally:
         setattr(module, kernel_name, kernel)
-        module.sm_count = sm_count
+        if sm_count is not None:
+            module.sm_count = sm_count
     return compiled_resources(kernel, capture.args, capture.kwargs)
 
 
-def decode_attention(batch: int) -> tuple[int, int]:
+def decode_attention(batch: int, defer: bool = False) -> tuple[int, int]:
     """A decode step at a 700-token context in a graph sized for 784 (the bench's batch-1 shape)."""
     blocks_per_seq = 49
     qkv = torch.empty(batch, (HEADS + 2 * KV_HEADS) * HEAD_DIM, **BF16)  # the qkv projection's rows
@@ -65,7 +67,26 @@ def decode_attention(batch: int) -> tuple[int, int]:
     rope = (k, v, torch.empty(1024, HEAD_DIM), torch.empty(HEAD_DIM, **BF16), torch.empty(HEAD_DIM, **BF16), 1e-6)
     return resources(triton_decode, "_decode_split_kernel", lambda: triton_decode.paged_attention(
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, HEAD_DIM**-0.5, 1, 784,
-        rope=rope))
+        rope=rope, defer=torch.empty(1, HIDDEN) if defer else None))
+
+
+def deferred_attention_and_o_proj() -> dict[str, tuple[int, int]]:
+    """The batch-1 form that merges attention's splits in o_proj (forward_one_row): attention
+    with DEFER, the merging o_proj, and gate_up taking o_proj's pending sums."""
+    from hotpath.ops.attention import triton_out_proj
+
+    table = {"attention, batch 1, merge deferred": decode_attention(1, defer=True)}
+    parts = triton_decode.SplitPartials(torch.empty(1, HEADS, 13, HEAD_DIM), torch.empty(1, HEADS, 13),
+                                        torch.empty(1, dtype=torch.int32), 64)
+    table["o_proj merging the splits"] = resources(
+        triton_out_proj, "_merge_project_kernel", lambda: triton_out_proj.merge_and_project(
+            parts, torch.empty(HIDDEN, HIDDEN, **BF16), torch.empty(1, HIDDEN), KV_HEADS))
+    h = torch.empty(1, HIDDEN, **BF16)
+    table["gemv gate_up, pending o_proj"] = resources(
+        triton_gemv, "_gemv_kernel", lambda: triton_gemv.linear_silu_and_mul(
+            h, torch.empty(2 * INTERMEDIATE, HIDDEN, **BF16), rms=(None, torch.empty(HIDDEN, **BF16), 1e-6),
+            pending=(torch.empty(1, HIDDEN), torch.empty_like(h))))
+    return table
 
 
 def projections() -> dict[str, tuple[int, int]]:
@@ -91,6 +112,7 @@ def main() -> None:
     table = {"attention, batch 1 (splits)": decode_attention(1),
              "attention, batch 64 (no splits)": decode_attention(64)}
     table.update({f"gemv {name}": r for name, r in projections().items()})
+    table.update(deferred_attention_and_o_proj())
     print(json.dumps(table))
 
 

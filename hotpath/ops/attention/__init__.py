@@ -93,4 +93,49 @@ def rope_and_paged_attention(
                            max_query_len, max_context_len)
 
 
-__all__ = ["paged_attention", "rope_and_paged_attention", "write_kv_cache"]
+def rope_attention_and_out_proj(
+    q: torch.Tensor,  # [1, num_heads, head_dim], raw projection
+    k: torch.Tensor,  # [1, num_kv_heads, head_dim], raw
+    v: torch.Tensor,  # [1, num_kv_heads, head_dim]
+    positions: torch.Tensor,  # [1] int64
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    cu_query_lens: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_context_len: int,
+    o_weight: torch.Tensor,  # [hidden, num_heads * head_dim], the output projection
+) -> torch.Tensor:  # [1, hidden] fp32: the projection's sums, not rounded
+    """rope_and_paged_attention for a one-token step, then the output projection, left as fp32
+    sums for the next op to round and add into the residual stream (linear_silu_and_mul's
+    `pending`). On the GPU the attention kernel leaves its context splits unmerged and the
+    projection merges them (triton_out_proj): the merge leaves attention's critical path."""
+    if q.shape[0] != 1:
+        raise ValueError(f"rope_attention_and_out_proj takes one query token, got {q.shape[0]}")
+    if backend.use_triton(q):
+        from hotpath.ops.attention import triton_decode, triton_out_proj
+
+        sums = torch.empty((1, o_weight.shape[0]), dtype=torch.float32, device=q.device)
+        partials = triton_decode.paged_attention(
+            q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
+            max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps),
+            defer=sums,
+        )
+        return triton_out_proj.merge_and_project(partials, o_weight, sums, k_cache.shape[2])
+    out = rope_and_paged_attention(
+        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm_weight,
+        k_norm_weight, eps, cu_query_lens, context_lens, block_tables, scale, max_query_len,
+        max_context_len,
+    )
+    return torch.nn.functional.linear(out.reshape(1, -1), o_weight).float()
+
+
+__all__ = ["paged_attention", "rope_and_paged_attention", "rope_attention_and_out_proj",
+           "write_kv_cache"]

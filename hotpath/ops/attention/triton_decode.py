@@ -36,6 +36,8 @@ rows).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -181,6 +183,8 @@ def _decode_split_kernel(
     stride_vnt,
     stride_vnh,
     stride_cs,
+    zero_ptr,  # [zero_n] fp32 the consumer adds into (DEFER)
+    zero_n,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -198,6 +202,8 @@ def _decode_split_kernel(
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
+    DEFER: tl.constexpr,  # leave the merge to the consumer (triton_out_proj); zero its sums
+    ZERO_BLOCK: tl.constexpr,  # elements of it each program zeroes
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -254,6 +260,12 @@ def _decode_split_kernel(
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
     pdl_wait(USE_PDL)
+    if DEFER:
+        # the buffer the output projection adds into: its last reader (the previous layer's
+        # gate_up) has completed, since the kernel this one waited for waited for it
+        z = ((seq * tl.num_programs(1) + kv_head) * num_splits + split) * ZERO_BLOCK + \
+            tl.arange(0, ZERO_BLOCK)
+        tl.store(zero_ptr + z, tl.zeros([ZERO_BLOCK], tl.float32), mask=z < zero_n)
 
     if ROPE:
         t_token = (q_start + t).to(tl.int64)[:, None]
@@ -322,16 +334,17 @@ def _decode_split_kernel(
             part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc / l_safe[:, None],
             mask=row_mask,
         )
-        # every thread's partials are stored before the (one-thread, acq_rel) atomic publishes
-        # them; the last split of this (sequence, kv head) to arrive merges them all
-        tl.debug_barrier()
-        counter = counter_ptr + seq * tl.num_programs(1) + kv_head
-        used = tl.cdiv(ctx, split_len)
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
-            tl.store(counter, 0)
-            _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_start, q_len, kv_head, used,
-                          num_heads, num_splits, stride_ot, stride_oh, d, GROUP, MERGE_M,
-                          SPLIT_CHUNK, HEAD_DIM)
+        if not DEFER:
+            # every thread's partials are stored before the (one-thread, acq_rel) atomic
+            # publishes them; the last split of this (sequence, kv head) to arrive merges them
+            tl.debug_barrier()
+            counter = counter_ptr + seq * tl.num_programs(1) + kv_head
+            used = tl.cdiv(ctx, split_len)
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == used - 1:
+                tl.store(counter, 0)
+                _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_start, q_len, kv_head, used,
+                              num_heads, num_splits, stride_ot, stride_oh, d, GROUP, MERGE_M,
+                              SPLIT_CHUNK, HEAD_DIM)
 
 
 @triton.jit
@@ -387,6 +400,27 @@ def _merge_splits(
              out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d[None, :] < HEAD_DIM))
 
 
+@dataclass(frozen=True)
+class SplitPartials:
+    """A one-token decode's attention left unmerged (paged_attention with `defer`): each split's
+    normalised output and log-sum-exp, for a consumer to merge (triton_out_proj)."""
+
+    out: torch.Tensor  # [1, num_heads, num_splits, head_dim] fp32
+    lse: torch.Tensor  # [1, num_heads, num_splits] fp32, log2 units
+    context_lens: torch.Tensor  # [1] int32: which splits hold context (splits_used)
+    block_n: int  # keys per tile: splits hold whole tiles
+
+    @property
+    def num_splits(self) -> int:
+        return self.out.shape[2]
+
+
+def splits_used(ctx: int, num_splits: int, block_n: int) -> int:
+    """How many splits hold part of a `ctx`-token context (the kernel's rule: whole tiles)."""
+    split_len = triton.cdiv(triton.cdiv(ctx, num_splits), block_n) * block_n
+    return triton.cdiv(ctx, split_len)
+
+
 def choose_num_splits(
     num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device
 ) -> int:
@@ -431,14 +465,20 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
-) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    defer: torch.Tensor | None = None,
+) -> torch.Tensor | SplitPartials:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
     With `rope` = (k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps), q, k and v are the raw
     projections of this step's tokens and the kernel first does what qk_norm_rope_and_cache does
     (QK-norm when the weights are given, RoPE, k and v into the cache), positions and cache slots
     being the last query_len of each sequence's context, through its block table. One launch
-    fewer per layer."""
+    fewer per layer.
+
+    With `defer` (an fp32 buffer; one query token), the splits' partials are returned unmerged,
+    for the output projection to merge (triton_out_proj.merge_and_project), and the kernel
+    zeroes `defer` for that projection to add into: the merge's fence, counter and dependent
+    reads leave attention's critical path. Even one split returns partials then."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -456,7 +496,8 @@ def paged_attention(
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return out
-    direct = num_splits == 1
+    direct = num_splits == 1 and defer is None
+    assert defer is None or (num_tokens == 1 and defer.dtype == torch.float32 and defer.is_contiguous())
     merge_m = next_power_of_2(max_query_len * group)
     counters = _counters(q.device)
     if direct:
@@ -494,12 +535,18 @@ def paged_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1), *rope_strides,
+        defer if defer is not None else part_lse, defer.numel() if defer is not None else 0,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct, MERGE_M=merge_m,
         SPLIT_CHUNK=merge_chunk(num_splits, merge_m * head_dim_pad),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
+        DEFER=defer is not None,
+        ZERO_BLOCK=next_power_of_2(triton.cdiv(defer.numel(), num_kv_heads * num_splits))
+        if defer is not None else 1,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
+    if defer is not None:
+        return SplitPartials(part_out, part_lse, context_lens, block_n)
     return out
