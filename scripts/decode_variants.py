@@ -22,7 +22,7 @@ import triton.language as tl
 
 import hotpath.layers.attention as layer_attention
 from hotpath.models.llama import DecoderLayer
-from hotpath.ops.attention import triton_decode
+from hotpath.ops.attention import triton_decode, triton_out_proj
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
@@ -208,7 +208,9 @@ GEMV = {
 # attention's splits in o_proj; "merge_in_attention" (and every ATTENTION variant, which swaps the
 # attention of that form) merges them in attention. deferN: the first form at N splits
 DEFER_SPLITS = {f"defer{n}": n for n in (9, 13, 24, 32, 48)}
-ALL = ["full", "merge_in_attention", *DEFER_SPLITS, *ATTENTION, *GEMV]
+# the merging o_proj's partials a round (triton_out_proj.MERGE_ELEMENTS)
+OUT_PROJ_MERGE = {"oproj_merge8k": 8192, "oproj_merge2k": 2048}
+ALL = ["full", "merge_in_attention", *DEFER_SPLITS, *OUT_PROJ_MERGE, *ATTENTION, *GEMV]
 
 
 def main() -> None:
@@ -228,12 +230,14 @@ def main() -> None:
     num_layers = len(runner.model.model.layers)
     attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
     choose_num_splits = triton_decode.choose_num_splits
+    merge_elements = triton_out_proj.MERGE_ELEMENTS
     graphs = {}
     for name in names:
         layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
         DecoderLayer.merge_splits_in_o_proj = name not in ATTENTION and name != "merge_in_attention"
         triton_decode.choose_num_splits = (
             (lambda *a, n=DEFER_SPLITS[name]: n) if name in DEFER_SPLITS else choose_num_splits)
+        triton_out_proj.MERGE_ELEMENTS = OUT_PROJ_MERGE.get(name, merge_elements)
         table = GEMV.get(name, {})
         triton_gemv.choose_config = lambda M, N, K, device, t=table: (
             t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
@@ -244,6 +248,7 @@ def main() -> None:
         graphs[name] = (*runner.graphs[1], runner.decode_inputs)
     layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
     DecoderLayer.merge_splits_in_o_proj, triton_decode.choose_num_splits = True, choose_num_splits
+    triton_out_proj.MERGE_ELEMENTS = merge_elements
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the
     # order of fp32 sums (attention stand-ins compute something else)

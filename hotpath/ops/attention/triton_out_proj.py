@@ -29,8 +29,9 @@ from hotpath.ops.attention.triton_common import next_power_of_2
 from hotpath.ops.attention.triton_decode import SplitPartials
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, tl_dtype
 
-# fp32 partials a round reads: a round for 16 splits at 4 q heads per kv head and head_dim 128
-MERGE_ELEMENTS = 8192
+# fp32 partials a round reads: 8 splits at 4 q heads per kv head and head_dim 128, 127 registers
+# a thread at Qwen3-8B shapes (Triton 3.6), two programs an SM; 8192 took 151, one
+MERGE_ELEMENTS = 4096
 # bytes of weight a program holds: the GEMV's 8 rows x 4096 of bf16 (triton_gemv.WHOLE_K)
 TILE_BYTES = 65536
 

@@ -325,14 +325,15 @@ def _gemv_kernel(
             x = _pending_x(x_ptr, pend_ptr, rk, K, EVEN_K)
             xf = x.to(tl.float32)
             sumsq = tl.sum(xf * xf)
-            if pid_n == 0:
-                tl.store(res_out_ptr + rk, x, mask=rk < K)
+            # (a mask, not a branch: a branch kept the row live, 182 registers a thread at
+            # Qwen3-8B's gate_up rather than 128, Triton 3.6)
+            stored = tl.where(pid_n == 0, K, 0)  # elements program 0 stores
+            tl.store(res_out_ptr + rk, x, mask=rk < stored)
             if TAIL_K > 0:
                 x_tail = _pending_x(x_ptr, pend_ptr, rk_tail, K, True)
                 xf = x_tail.to(tl.float32)
                 sumsq += tl.sum(xf * xf)
-                if pid_n == 0:
-                    tl.store(res_out_ptr + rk_tail, x_tail)
+                tl.store(res_out_ptr + rk_tail, x_tail, mask=rk_tail < stored)
             rstd = tl.rsqrt(sumsq / K + eps)
         else:
             # one row: the producer's N tiles' partials, in one load up to 1024 of them
@@ -409,10 +410,11 @@ def linear_silu_and_mul(
 
 
 def holds_whole_row(M: int, rows: int, K: int, device: torch.device) -> bool:
-    """True when choose_config gives each program all of a one-row input (what `pending`
-    needs): K up to WHOLE_K, or in two tiles."""
+    """True when choose_config gives each program all of a one-row input in one tile (K up to
+    WHOLE_K), which `pending` needs. (Two tiles would do, but the pending prologue takes Qwen3-
+    32B's gate_up from 127 registers to 169 (Triton 3.6), one program an SM rather than two.)"""
     cfg = choose_config(M, rows, K, device)
-    return M == 1 and not cfg.use_dot and cfg.split_k == 1 and cfg.block_k + cfg.tail_k >= K
+    return M == 1 and not cfg.use_dot and cfg.split_k == 1 and not cfg.tail_k and cfg.block_k >= K
 
 
 def linear_add_residual(
