@@ -204,13 +204,16 @@ GEMV = {
                          r51200x5120=(8, 2048, 1, 8), r5120x25600=(8, 2048, 1, 8),
                          r151936x5120=(8, 2048, 1, 8)),
 }
-# The one-row forward's two forms (DecoderLayer.merge_splits_in_o_proj): "full" merges
-# attention's splits in o_proj; "merge_in_attention" (and every ATTENTION variant, which swaps the
-# attention of that form) merges them in attention. deferN: the first form at N splits
+# The one-row forward's two forms (DecoderLayer.merge_splits_in_o_proj): "full" follows the rule
+# (triton_out_proj.pays); "merge_in_o_proj" merges attention's splits in o_proj whatever the
+# shape, "merge_in_attention" (and every ATTENTION variant, which swaps the attention of that
+# form) in attention. deferN: merge_in_o_proj at N splits
 DEFER_SPLITS = {f"defer{n}": n for n in (9, 13, 24, 32, 48)}
 # the merging o_proj's partials a round (triton_out_proj.MERGE_ELEMENTS)
 OUT_PROJ_MERGE = {"oproj_merge8k": 8192, "oproj_merge2k": 2048}
-ALL = ["full", "merge_in_attention", *DEFER_SPLITS, *OUT_PROJ_MERGE, *ATTENTION, *GEMV]
+FORCED = {"merge_in_o_proj", *DEFER_SPLITS, *OUT_PROJ_MERGE}
+ALL = ["full", "merge_in_o_proj", "merge_in_attention", *DEFER_SPLITS, *OUT_PROJ_MERGE, *ATTENTION,
+       *GEMV]
 
 
 def main() -> None:
@@ -230,7 +233,7 @@ def main() -> None:
     num_layers = len(runner.model.model.layers)
     attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
     choose_num_splits = triton_decode.choose_num_splits
-    merge_elements = triton_out_proj.MERGE_ELEMENTS
+    merge_elements, pays = triton_out_proj.MERGE_ELEMENTS, triton_out_proj.pays
     graphs = {}
     for name in names:
         layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
@@ -238,6 +241,7 @@ def main() -> None:
         triton_decode.choose_num_splits = (
             (lambda *a, n=DEFER_SPLITS[name]: n) if name in DEFER_SPLITS else choose_num_splits)
         triton_out_proj.MERGE_ELEMENTS = OUT_PROJ_MERGE.get(name, merge_elements)
+        triton_out_proj.pays = (lambda *a: True) if name in FORCED else pays
         table = GEMV.get(name, {})
         triton_gemv.choose_config = lambda M, N, K, device, t=table: (
             t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
@@ -248,7 +252,7 @@ def main() -> None:
         graphs[name] = (*runner.graphs[1], runner.decode_inputs)
     layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
     DecoderLayer.merge_splits_in_o_proj, triton_decode.choose_num_splits = True, choose_num_splits
-    triton_out_proj.MERGE_ELEMENTS = merge_elements
+    triton_out_proj.MERGE_ELEMENTS, triton_out_proj.pays = merge_elements, pays
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the
     # order of fp32 sums (attention stand-ins compute something else)

@@ -18,6 +18,7 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
+from hotpath.ops.attention import out_proj_merges_splits
 from hotpath.ops.linear import (
     linear,
     linear_add_residual,
@@ -72,6 +73,12 @@ class SelfAttention(nn.Module):
         out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch)
         return out.reshape(-1, self.q_size)
 
+    def merges_in_o_proj(self, h: torch.Tensor) -> bool:
+        """True when attend_and_project for the one-row input h moves attention's split merge
+        into o_proj (ops/attention.out_proj_merges_splits)."""
+        return out_proj_merges_splits(h, self.num_heads, self.num_kv_heads, self.head_dim,
+                                      self.o_proj.weight)
+
     def attend_and_project(
         self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [1, hidden] fp32
@@ -83,8 +90,9 @@ class SelfAttention(nn.Module):
 
 class DecoderLayer(nn.Module):
     # A one-token step merges attention's context splits in o_proj and adds o_proj into the
-    # residual stream in gate_up (where the GEMVs allow; see forward_one_row). Off: the merge in
-    # attention, the add in o_proj's epilogue, as before (scripts/decode_variants.py compares).
+    # residual stream in gate_up where the kernels allow and it pays (see forward_one_row). Off:
+    # the merge in attention, the add in o_proj's epilogue everywhere (scripts/decode_variants.py
+    # compares the two).
     merge_splits_in_o_proj = True
 
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
@@ -123,17 +131,19 @@ class DecoderLayer(nn.Module):
         gate_up: four GEMV launches and one of attention (QK-norm, RoPE and the merge of its
         splits included) per layer, rather than ten launches.
 
-        Where gate_up holds its whole input row in each program (takes_pending), attention
-        leaves its context splits unmerged, o_proj merges them and leaves its sums in fp32, and
-        gate_up adds them into the residual stream (into a second buffer, which down_proj adds
-        to, back into h): the merge's counter and dependent reads leave the critical path."""
+        Where gate_up holds its whole input row in each program (takes_pending) and o_proj's
+        programs are all resident at once (merges_in_o_proj: small models), attention leaves
+        its context splits unmerged, o_proj merges them and leaves its sums in fp32, and gate_up
+        adds them into the residual stream (into a second buffer, which down_proj adds to, back
+        into h): the merge's counter and dependent reads leave the critical path."""
         attn, mlp = self.self_attn, self.mlp
         norm, post_norm = self.input_layernorm, self.post_attention_layernorm
         if sumsq is None:  # the first layer: its input norm is a launch of its own
             qkv = attn.qkv_proj(norm(h))
         else:
             qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias, rms=(sumsq, norm.weight, norm.eps))
-        if self.merge_splits_in_o_proj and takes_pending(h, mlp.gate_up_proj.weight):
+        if (self.merge_splits_in_o_proj and takes_pending(h, mlp.gate_up_proj.weight)
+                and attn.merges_in_o_proj(h)):
             sums = attn.attend_and_project(positions, qkv, batch)  # [1, hidden] fp32
             h_mid = torch.empty_like(h)  # h plus o_proj
             y = linear_silu_and_mul(h, mlp.gate_up_proj.weight, rms=(None, post_norm.weight, post_norm.eps),

@@ -110,6 +110,18 @@ def test_interpreter_dispatch(interpreter, poisoned):
             *norm_w, 1e-6, b.cu_query_lens, b.context_lens, b.block_tables, 0.25, 1, 64, o_weight)
 
 
+def test_pays_where_every_program_is_resident(monkeypatch):
+    """The rule from run I (H200, 132 SMs): Qwen3-0.6B's o_proj, 128 programs, merges the
+    splits; Qwen3-8B's (512) and -32B's (1280) leave them to attention."""
+    from hotpath.ops.attention import triton_out_proj
+
+    monkeypatch.setattr(triton_out_proj, "sm_count", lambda device: 132)
+    cuda0 = torch.device("cuda", 0)
+    assert triton_out_proj.pays(1024, 16, 8, 128, 2, cuda0)
+    assert not triton_out_proj.pays(4096, 32, 8, 128, 2, cuda0)
+    assert not triton_out_proj.pays(5120, 64, 8, 128, 2, cuda0)
+
+
 # ---- on the GPU: real shapes -------------------------------------------------------------------
 @cuda
 @pytest.mark.parametrize("ctx", [1, 17, 532, 4099, 32768])

@@ -93,6 +93,20 @@ def rope_and_paged_attention(
                            max_query_len, max_context_len)
 
 
+def out_proj_merges_splits(
+    x: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, o_weight: torch.Tensor
+) -> bool:
+    """True when rope_attention_and_out_proj for a one-token step (on x's device) runs the
+    kernels that move the split merge into the projection, where that was measured to pay at
+    this shape (triton_out_proj.pays); otherwise attending and projecting as two ops is faster."""
+    if not backend.use_triton(x):
+        return False
+    from hotpath.ops.attention import triton_out_proj
+
+    return triton_out_proj.pays(o_weight.shape[0], num_heads, num_kv_heads, head_dim,
+                                o_weight.element_size(), x.device)
+
+
 def rope_attention_and_out_proj(
     q: torch.Tensor,  # [1, num_heads, head_dim], raw projection
     k: torch.Tensor,  # [1, num_kv_heads, head_dim], raw
@@ -137,5 +151,5 @@ def rope_attention_and_out_proj(
     return torch.nn.functional.linear(out.reshape(1, -1), o_weight).float()
 
 
-__all__ = ["paged_attention", "rope_and_paged_attention", "rope_attention_and_out_proj",
-           "write_kv_cache"]
+__all__ = ["out_proj_merges_splits", "paged_attention", "rope_and_paged_attention",
+           "rope_attention_and_out_proj", "write_kv_cache"]

@@ -27,7 +27,13 @@ import triton.language as tl
 
 from hotpath.ops.attention.triton_common import next_power_of_2
 from hotpath.ops.attention.triton_decode import SplitPartials
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, tl_dtype
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch_dependents,
+    pdl_wait,
+    sm_count,
+    tl_dtype,
+)
 
 # fp32 partials a round reads: 8 splits at 4 q heads per kv head and head_dim 128, 127 registers
 # a thread at Qwen3-8B shapes (Triton 3.6), two programs an SM; 8192 took 151, one
@@ -106,6 +112,24 @@ def _merge_project_kernel(
     tl.atomic_add(out_ptr + rn, y, mask=rn < N, sem="relaxed")
 
 
+def _block_n(num_heads: int, num_kv_heads: int, head_dim: int, elem_size: int) -> tuple[int, int]:
+    """(rows a program, its padded columns): as many programs as the GEMV's 8-row tiles would
+    make, each tile at most TILE_BYTES."""
+    kw = next_power_of_2(num_heads // num_kv_heads) * max(16, next_power_of_2(head_dim))
+    return next_power_of_2(min(8 * num_kv_heads, max(8, TILE_BYTES // (kw * elem_size)))), kw
+
+
+def pays(N: int, num_heads: int, num_kv_heads: int, head_dim: int, elem_size: int,
+         device: torch.device) -> bool:
+    """True where moving the merge here was measured faster: every program of the projection
+    resident at once, one an SM (Qwen3-0.6B: 128 programs, the step 1-2% faster on an H200).
+    Every program merges its kv head's splits after its wait, so with more programs than that
+    the later waves repeat the merge on the critical path (Qwen3-8B, 512 programs: o_proj added
+    7.5 us a layer, attention saved 4.6; the step 3.4% slower; docs/benchmarks.md run I)."""
+    block_n, _ = _block_n(num_heads, num_kv_heads, head_dim, elem_size)
+    return triton.cdiv(N, block_n) * num_kv_heads <= sm_count(device)
+
+
 def merge_and_project(
     partials: SplitPartials,
     weight: torch.Tensor,  # [N, num_heads * head_dim], the output projection, K contiguous
@@ -120,10 +144,7 @@ def merge_and_project(
     assert out.shape == (1, N) and out.dtype == torch.float32 and out.is_contiguous()
     group = num_heads // num_kv_heads
     head_dim_pad = max(16, next_power_of_2(head_dim))
-    kw = next_power_of_2(group) * head_dim_pad
-    # as many programs as the GEMV's 8-row tiles would make, each tile at most TILE_BYTES
-    block_n = min(8 * num_kv_heads, max(8, TILE_BYTES // (kw * weight.element_size())))
-    block_n = next_power_of_2(block_n)
+    block_n, kw = _block_n(num_heads, num_kv_heads, head_dim, weight.element_size())
     use_pdl = pdl_enabled(weight.device)
     _merge_project_kernel[(triton.cdiv(N, block_n), num_kv_heads)](
         partials.out, partials.lse, partials.context_lens, weight, out,
