@@ -27,6 +27,9 @@ captured with max_context_len = max_model_len stays valid), but each sequence sp
 context over them on the device, in whole tiles: a short context in a graph sized for a long one
 uses as many splits as it has tiles, rather than leaving the work to the first.
 
+With `defer` (one token; small models, see triton_out_proj.pays) the splits store their partials
+and leave: the output projection merges them, off this kernel's critical path.
+
 With ROPE the kernel also does what ops/rotary's qk_norm_rope_and_cache does before it, saving that
 launch in decode: each program normalises and rotates its query rows as it loads them, and the
 program whose split holds a new position writes that token's rotated key and its value into the

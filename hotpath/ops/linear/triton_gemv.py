@@ -27,7 +27,10 @@ weight is spread over many programs:
   those partial sums (a few KB, read alongside x) in a fixed order, so every program gets the same
   statistic whatever the timing, and normalises x's tiles as it loads them. Summing in the
   consumer rather than in the producer's last tile keeps an atomic and a dependent read off the
-  step's critical path;
+  step's critical path. With `pending` (one row held whole by each program) the previous
+  projection's output arrives as fp32 sums not yet in x (ops/attention/triton_out_proj): the
+  kernel adds them in, takes the statistic from the row itself, and one program stores the new
+  stream to another buffer, which the next residual epilogue reads (`residual_in`);
 - a weight with few rows and a long K gives too few programs, so K is split until there are
   several programs per SM (at one row only where K is longer than one tile: with K in one tile,
   the split's tail cost more in the decode graph than it gained). Each split writes an fp32
