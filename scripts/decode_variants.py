@@ -211,6 +211,10 @@ GEMV = {
 DEFER_SPLITS = {f"defer{n}": n for n in (9, 13, 24, 32, 48)}
 # the merging o_proj's partials a round (triton_out_proj.MERGE_ELEMENTS)
 OUT_PROJ_MERGE = {"oproj_merge8k": 8192, "oproj_merge2k": 2048}
+# Other variants: attributes set on modules while the variant's graph is captured, e.g.
+# (triton_out_proj, "merge_and_project", functools.partial(..., block_n=32)); a script may add
+# entries and call main()
+PATCHES: dict[str, list[tuple[object, str, object]]] = {}
 FORCED = {"merge_in_o_proj", *DEFER_SPLITS, *OUT_PROJ_MERGE}
 ALL = ["full", "merge_in_o_proj", "merge_in_attention", *DEFER_SPLITS, *OUT_PROJ_MERGE, *ATTENTION,
        *GEMV]
@@ -225,8 +229,9 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
     names = ns.variants.split(",")
-    if unknown := [n for n in names if n not in ALL]:
-        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(ALL)}")
+    known = ALL + list(PATCHES)
+    if unknown := [n for n in names if n not in known]:
+        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(known)}")
     engine = decoding_engine(ns.preset)
     runner = engine.runner
     seqs = [engine.scheduler.running[0]]
@@ -245,8 +250,13 @@ def main() -> None:
         table = GEMV.get(name, {})
         triton_gemv.choose_config = lambda M, N, K, device, t=table: (
             t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
+        kept = [(module, attr, getattr(module, attr)) for module, attr, _ in PATCHES.get(name, [])]
+        for module, attr, value in PATCHES.get(name, []):
+            setattr(module, attr, value)
         runner.graphs = {}
         runner._capture_decode_graphs()
+        for module, attr, value in kept:
+            setattr(module, attr, value)
         runner.decode_inputs.fill(seqs, 1)
         # the inputs stay referenced: every capture allocates its own
         graphs[name] = (*runner.graphs[1], runner.decode_inputs)

@@ -110,9 +110,9 @@ def test_interpreter_dispatch(interpreter, poisoned):
             *norm_w, 1e-6, b.cu_query_lens, b.context_lens, b.block_tables, 0.25, 1, 64, o_weight)
 
 
-def test_pays_where_every_program_is_resident(monkeypatch):
-    """The rule from run I (H200, 132 SMs): Qwen3-0.6B's o_proj, 128 programs, merges the
-    splits; Qwen3-8B's (512) and -32B's (1280) leave them to attention."""
+def test_pays_where_the_projection_streams_in_one_wave(monkeypatch):
+    """The rule from run I (H200, 132 SMs): Qwen3-0.6B's o_proj (4 MB) merges the splits;
+    Qwen3-8B's (33.5 MB) and -32B's (84 MB) leave them to attention."""
     from hotpath.ops.attention import triton_out_proj
 
     monkeypatch.setattr(triton_out_proj, "sm_count", lambda device: 132)

@@ -38,8 +38,12 @@ from hotpath.ops.triton_utils import (
 # fp32 partials a round reads: 8 splits at 4 q heads per kv head and head_dim 128, 127 registers
 # a thread at Qwen3-8B shapes (Triton 3.6), two programs an SM; 8192 took 151, one
 MERGE_ELEMENTS = 4096
-# bytes of weight a program holds: the GEMV's 8 rows x 4096 of bf16 (triton_gemv.WHOLE_K)
-TILE_BYTES = 65536
+# bytes of weight a program holds: at Qwen3-0.6B 32 rows x one kv head's 256 columns over 4
+# warps, 256 programs; 64 rows (the GEMV's 8 x 2048 of weight a program) made the step 2.5%
+# slower (H200, run I call 4)
+TILE_BYTES = 16384
+# the weight the new form takes: what the GEMV's 8 x 4096 tiles, one an SM, hold in one wave
+ONE_WAVE_BYTES_PER_SM = 65536
 
 
 @triton.jit
@@ -113,21 +117,20 @@ def _merge_project_kernel(
 
 
 def _block_n(num_heads: int, num_kv_heads: int, head_dim: int, elem_size: int) -> tuple[int, int]:
-    """(rows a program, its padded columns): as many programs as the GEMV's 8-row tiles would
-    make, each tile at most TILE_BYTES."""
+    """(rows a program, its padded columns): tiles of TILE_BYTES, at least 8 rows."""
     kw = next_power_of_2(num_heads // num_kv_heads) * max(16, next_power_of_2(head_dim))
-    return next_power_of_2(min(8 * num_kv_heads, max(8, TILE_BYTES // (kw * elem_size)))), kw
+    return next_power_of_2(max(8, TILE_BYTES // (kw * elem_size))), kw
 
 
 def pays(N: int, num_heads: int, num_kv_heads: int, head_dim: int, elem_size: int,
          device: torch.device) -> bool:
-    """True where moving the merge here was measured faster: every program of the projection
-    resident at once, one an SM (Qwen3-0.6B: 128 programs, the step 1-2% faster on an H200).
-    Every program merges its kv head's splits after its wait, so with more programs than that
-    the later waves repeat the merge on the critical path (Qwen3-8B, 512 programs: o_proj added
-    7.5 us a layer, attention saved 4.6; the step 3.4% slower; docs/benchmarks.md run I)."""
-    block_n, _ = _block_n(num_heads, num_kv_heads, head_dim, elem_size)
-    return triton.cdiv(N, block_n) * num_kv_heads <= sm_count(device)
+    """True where moving the merge here was measured faster: a projection small enough to
+    stream in one wave (Qwen3-0.6B's 4 MB: the step 2.4-3.6% faster on an H200). Every program
+    merges its kv head's splits after its wait, and that chain costs more than the merge in
+    attention did (~3 us a layer at 0.6B, ~6.5 at 8B, run I call 4), so it pays only while all
+    the programs run at once; Qwen3-8B's 33.5 MB o_proj streams in waves, each repeating the
+    merge (the step 3.4% slower; docs/benchmarks.md run I)."""
+    return N * num_heads * head_dim * elem_size <= ONE_WAVE_BYTES_PER_SM * sm_count(device)
 
 
 def merge_and_project(
@@ -135,6 +138,9 @@ def merge_and_project(
     weight: torch.Tensor,  # [N, num_heads * head_dim], the output projection, K contiguous
     out: torch.Tensor,  # [1, N] fp32, zeroed by the attention call that made `partials`
     num_kv_heads: int,
+    *,
+    block_n: int | None = None,  # tuning: force the rows a program, and its warps
+    num_warps: int | None = None,
 ) -> torch.Tensor:  # out, holding the projection's fp32 sums (not rounded)
     """out += merge(partials) @ weight^T, the merge rounded to the weight's dtype first (as the
     attention output is), in one launch after the deferred attention."""
@@ -144,7 +150,10 @@ def merge_and_project(
     assert out.shape == (1, N) and out.dtype == torch.float32 and out.is_contiguous()
     group = num_heads // num_kv_heads
     head_dim_pad = max(16, next_power_of_2(head_dim))
-    block_n, kw = _block_n(num_heads, num_kv_heads, head_dim, weight.element_size())
+    rule_block_n, kw = _block_n(num_heads, num_kv_heads, head_dim, weight.element_size())
+    block_n = block_n or rule_block_n
+    if num_warps is None:
+        num_warps = 8 if block_n * kw * weight.element_size() >= 32768 else 4
     use_pdl = pdl_enabled(weight.device)
     _merge_project_kernel[(triton.cdiv(N, block_n), num_kv_heads)](
         partials.out, partials.lse, partials.context_lens, weight, out,
@@ -153,7 +162,6 @@ def merge_and_project(
         TILE_N=partials.block_n, BLOCK_N=block_n,
         BLOCK_S=min(next_power_of_2(num_splits), max(1, MERGE_ELEMENTS // kw)),
         ROUND_DTYPE=tl_dtype(weight.dtype), USE_PDL=use_pdl,
-        num_warps=8 if block_n * kw * weight.element_size() >= 32768 else 4,
-        num_stages=1, launch_pdl=use_pdl,
+        num_warps=num_warps, num_stages=1, launch_pdl=use_pdl,
     )
     return out
