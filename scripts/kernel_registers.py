@@ -76,11 +76,12 @@ def deferred_attention_and_o_proj() -> dict[str, tuple[int, int]]:
     from hotpath.ops.attention import triton_out_proj
 
     table = {"attention, batch 1, merge deferred": decode_attention(1, defer=True)}
-    parts = triton_decode.SplitPartials(torch.empty(1, HEADS, 13, HEAD_DIM), torch.empty(1, HEADS, 13),
+    # (at Qwen3-0.6B's shape, where the model runs it: 16 q heads, hidden 1024)
+    parts = triton_decode.SplitPartials(torch.empty(1, 16, 13, HEAD_DIM), torch.empty(1, 16, 13),
                                         torch.empty(1, dtype=torch.int32), 64)
-    table["o_proj merging the splits"] = resources(
+    table["o_proj merging the splits (qwen3-0.6b)"] = resources(
         triton_out_proj, "_merge_project_kernel", lambda: triton_out_proj.merge_and_project(
-            parts, torch.empty(HIDDEN, HIDDEN, **BF16), torch.empty(1, HIDDEN), KV_HEADS))
+            parts, torch.empty(1024, 16 * HEAD_DIM, **BF16), torch.empty(1, 1024), KV_HEADS))
     h = torch.empty(1, HIDDEN, **BF16)
     table["gemv gate_up, pending o_proj"] = resources(
         triton_gemv, "_gemv_kernel", lambda: triton_gemv.linear_silu_and_mul(

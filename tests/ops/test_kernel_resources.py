@@ -43,9 +43,9 @@ def test_register_ceilings(table):
     # graph, run F), so only spills matter for them. down_proj (K = 12288) walks 8 x 1024 tiles
     # over 4 warps, many programs an SM: at most 128 registers keeps 4 of them
     assert table["gemv down"][0] <= 128, table
-    # o_proj merging attention's splits (8 x 4096 of weight an 8-warp program, as the GEMV's):
-    # at most 128 registers keeps two programs an SM, as the GEMV had (3.6: 127)
-    assert table["o_proj merging the splits"][0] <= 128, table
+    # o_proj merging attention's splits at Qwen3-0.6B (64 rows x 256 columns a 4-warp program,
+    # 128 programs): one an SM beside a deferred-merge attention program (3.6: 143, 3.9: 128)
+    assert table["o_proj merging the splits (qwen3-0.6b)"][0] <= 192, table
     assert table["attention, batch 1, merge deferred"][0] <= 160, table
     # o_proj's pending sums in gate_up's prologue: about the registers of gate_up without them
     # (3.6: 128 against 120, two programs an SM either way; with the new stream's store

@@ -38,10 +38,10 @@ from hotpath.ops.triton_utils import (
 # fp32 partials a round reads: 8 splits at 4 q heads per kv head and head_dim 128, 127 registers
 # a thread at Qwen3-8B shapes (Triton 3.6), two programs an SM; 8192 took 151, one
 MERGE_ELEMENTS = 4096
-# bytes of weight a program holds: at Qwen3-0.6B 32 rows x one kv head's 256 columns over 4
-# warps, 256 programs; 64 rows (the GEMV's 8 x 2048 of weight a program) made the step 2.5%
-# slower (H200, run I call 4)
-TILE_BYTES = 16384
+# bytes of weight a program holds, over 4 warps: at Qwen3-0.6B 64 rows x one kv head's 256
+# columns, 128 programs. H200, run I, step us (call 4 / call 6): 64 rows over 8 warps 665.5 /
+# -, 32 rows over 4 648.7 / 650.5, 64 over 4 - / 640.9; 16 or 8 rows, 2 or 8 warps 647-770
+TILE_BYTES = 32768
 # the weight the new form takes: what the GEMV's 8 x 4096 tiles, one an SM, hold in one wave
 ONE_WAVE_BYTES_PER_SM = 65536
 
@@ -152,8 +152,7 @@ def merge_and_project(
     head_dim_pad = max(16, next_power_of_2(head_dim))
     rule_block_n, kw = _block_n(num_heads, num_kv_heads, head_dim, weight.element_size())
     block_n = block_n or rule_block_n
-    if num_warps is None:
-        num_warps = 8 if block_n * kw * weight.element_size() >= 32768 else 4
+    num_warps = num_warps or 4
     use_pdl = pdl_enabled(weight.device)
     _merge_project_kernel[(triton.cdiv(N, block_n), num_kv_heads)](
         partials.out, partials.lse, partials.context_lens, weight, out,
