@@ -17,20 +17,18 @@ from profile_decode import decoding_engine  # scripts/ is on the path when run a
 
 
 def label_kernels(names: list[str]) -> list[str]:
-    """A role for each kernel of one step: GEMVs by their place in a layer (o_proj, gate_up, down
-    after attention, then the next layer's qkv; the step's last one is the LM head), attention
-    and the o_proj that merges its splits by kernel name."""
+    """A role for each kernel of one step: GEMVs by their place in a layer (qkv, o_proj, gate_up,
+    down, in launch order; the step's last one is the LM head), attention by kernel name."""
     labels = []
-    roles: list[str] = []  # the GEMVs still to come in this layer
+    gemvs_seen = 0
     for name in names:
         if "gemv" in name:
-            labels.append(roles.pop(0) if roles else "qkv")
+            labels.append(["qkv", "o_proj", "gate_up", "down"][gemvs_seen % 4])
+            gemvs_seen += 1
         elif "decode_split" in name:
             labels.append("attention")
-            roles = ["o_proj", "gate_up", "down"]
-        elif "merge_project" in name:
-            labels.append("o_proj")
-            roles.remove("o_proj")
+        elif "merge_head" in name:
+            labels.append("attention merge")
         else:
             labels.append(name[:40])
     # the step's last GEMV is the LM head

@@ -21,8 +21,7 @@ import triton
 import triton.language as tl
 
 import hotpath.layers.attention as layer_attention
-from hotpath.models.llama import DecoderLayer
-from hotpath.ops.attention import triton_decode, triton_out_proj
+from hotpath.ops.attention import triton_decode
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
@@ -204,20 +203,13 @@ GEMV = {
                          r51200x5120=(8, 2048, 1, 8), r5120x25600=(8, 2048, 1, 8),
                          r151936x5120=(8, 2048, 1, 8)),
 }
-# The one-row forward's two forms (DecoderLayer.merge_splits_in_o_proj): "full" follows the rule
-# (triton_out_proj.pays); "merge_in_o_proj" merges attention's splits in o_proj whatever the
-# shape, "merge_in_attention" (and every ATTENTION variant, which swaps the attention of that
-# form) in attention. deferN: merge_in_o_proj at N splits
-DEFER_SPLITS = {f"defer{n}": n for n in (9, 13, 24, 32, 48)}
-# the merging o_proj's partials a round (triton_out_proj.MERGE_ELEMENTS)
-OUT_PROJ_MERGE = {"oproj_merge8k": 8192, "oproj_merge2k": 2048}
-# Other variants: attributes set on modules while the variant's graph is captured, e.g.
-# (triton_out_proj, "merge_and_project", functools.partial(..., block_n=32)); a script may add
-# entries and call main()
-PATCHES: dict[str, list[tuple[object, str, object]]] = {}
-FORCED = {"merge_in_o_proj", *DEFER_SPLITS, *OUT_PROJ_MERGE}
-ALL = ["full", "merge_in_o_proj", "merge_in_attention", *DEFER_SPLITS, *OUT_PROJ_MERGE, *ATTENTION,
-       *GEMV]
+# Other variants: attributes set on modules while the variant's graph is captured (a script may
+# add entries and call main()). merge_in_attention: batch-1 decode attention merging its splits in
+# its last split to finish, as before run I, rather than in the merge kernel
+PATCHES: dict[str, list[tuple[object, str, object]]] = {
+    "merge_in_attention": [(triton_decode, "MERGE_KERNEL_MAX_TOKENS", 0)],
+}
+ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 
 
 def main() -> None:
@@ -229,24 +221,16 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
     names = ns.variants.split(",")
-    known = ALL + list(PATCHES)
-    if unknown := [n for n in names if n not in known]:
-        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(known)}")
+    if unknown := [n for n in names if n not in ALL + list(PATCHES)]:
+        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(ALL + list(PATCHES))}")
     engine = decoding_engine(ns.preset)
     runner = engine.runner
     seqs = [engine.scheduler.running[0]]
     num_layers = len(runner.model.model.layers)
     attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
-    choose_num_splits = triton_decode.choose_num_splits
-    merge_elements, pays = triton_out_proj.MERGE_ELEMENTS, triton_out_proj.pays
     graphs = {}
     for name in names:
         layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
-        DecoderLayer.merge_splits_in_o_proj = name not in ATTENTION and name != "merge_in_attention"
-        triton_decode.choose_num_splits = (
-            (lambda *a, n=DEFER_SPLITS[name]: n) if name in DEFER_SPLITS else choose_num_splits)
-        triton_out_proj.MERGE_ELEMENTS = OUT_PROJ_MERGE.get(name, merge_elements)
-        triton_out_proj.pays = (lambda *a: True) if name in FORCED else pays
         table = GEMV.get(name, {})
         triton_gemv.choose_config = lambda M, N, K, device, t=table: (
             t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
@@ -261,8 +245,6 @@ def main() -> None:
         # the inputs stay referenced: every capture allocates its own
         graphs[name] = (*runner.graphs[1], runner.decode_inputs)
     layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
-    DecoderLayer.merge_splits_in_o_proj, triton_decode.choose_num_splits = True, choose_num_splits
-    triton_out_proj.MERGE_ELEMENTS, triton_out_proj.pays = merge_elements, pays
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the
     # order of fp32 sums (attention stand-ins compute something else)

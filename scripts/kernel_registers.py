@@ -37,22 +37,26 @@ class _Capture:
         self.kwargs = {k: v for k, v in kwargs.items() if k != "launch_pdl"} | {"USE_PDL": True}
 
 
-def resources(module, kernel_name: str, launch) -> tuple[int, int]:
-    kernel, sm_count = getattr(module, kernel_name), getattr(module, "sm_count", None)
-    capture = _Capture()
-    setattr(module, kernel_name, capture)
-    if sm_count is not None:
-        module.sm_count = lambda device: 132
+def resources(module, kernel_name: str, launch, others: tuple[str, ...] = ()) -> tuple[int, int]:
+    """The kernel's [registers, spilled bytes] as `launch` calls it; `others`: kernels the same
+    launch also calls, stubbed out."""
+    names = (kernel_name, *others)
+    kernels, sm_count = {n: getattr(module, n) for n in names}, module.sm_count
+    captures = {n: _Capture() for n in names}
+    for n in names:
+        setattr(module, n, captures[n])
+    module.sm_count = lambda device: 132
     try:
         launch()
     finally:
-        setattr(module, kernel_name, kernel)
-        if sm_count is not None:
-            module.sm_count = sm_count
-    return compiled_resources(kernel, capture.args, capture.kwargs)
+        for n in names:
+            setattr(module, n, kernels[n])
+        module.sm_count = sm_count
+    capture = captures[kernel_name]
+    return compiled_resources(kernels[kernel_name], capture.args, capture.kwargs)
 
 
-def decode_attention(batch: int, defer: bool = False) -> tuple[int, int]:
+def decode_attention(batch: int, kernel: str = "_decode_split_kernel") -> tuple[int, int]:
     """A decode step at a 700-token context in a graph sized for 784 (the bench's batch-1 shape)."""
     blocks_per_seq = 49
     qkv = torch.empty(batch, (HEADS + 2 * KV_HEADS) * HEAD_DIM, **BF16)  # the qkv projection's rows
@@ -65,29 +69,11 @@ def decode_attention(batch: int, defer: bool = False) -> tuple[int, int]:
     context_lens = torch.full((batch,), 700, dtype=torch.int32)
     block_tables = torch.arange(batch * blocks_per_seq, dtype=torch.int32).view(batch, blocks_per_seq)
     rope = (k, v, torch.empty(1024, HEAD_DIM), torch.empty(HEAD_DIM, **BF16), torch.empty(HEAD_DIM, **BF16), 1e-6)
-    return resources(triton_decode, "_decode_split_kernel", lambda: triton_decode.paged_attention(
+    # batch 1 merges its splits in a kernel of its own
+    others = ("_merge_head_kernel", "_decode_split_kernel")
+    return resources(triton_decode, kernel, lambda: triton_decode.paged_attention(
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, HEAD_DIM**-0.5, 1, 784,
-        rope=rope, defer=torch.empty(1, HIDDEN) if defer else None))
-
-
-def deferred_attention_and_o_proj() -> dict[str, tuple[int, int]]:
-    """The batch-1 form that merges attention's splits in o_proj (forward_one_row): attention
-    with DEFER, the merging o_proj, and gate_up taking o_proj's pending sums."""
-    from hotpath.ops.attention import triton_out_proj
-
-    table = {"attention, batch 1, merge deferred": decode_attention(1, defer=True)}
-    # (at Qwen3-0.6B's shape, where the model runs it: 16 q heads, hidden 1024)
-    parts = triton_decode.SplitPartials(torch.empty(1, 16, 13, HEAD_DIM), torch.empty(1, 16, 13),
-                                        torch.empty(1, dtype=torch.int32), 64)
-    table["o_proj merging the splits (qwen3-0.6b)"] = resources(
-        triton_out_proj, "_merge_project_kernel", lambda: triton_out_proj.merge_and_project(
-            parts, torch.empty(1024, 16 * HEAD_DIM, **BF16), torch.empty(1, 1024), KV_HEADS))
-    h = torch.empty(1, HIDDEN, **BF16)
-    table["gemv gate_up, pending o_proj"] = resources(
-        triton_gemv, "_gemv_kernel", lambda: triton_gemv.linear_silu_and_mul(
-            h, torch.empty(2 * INTERMEDIATE, HIDDEN, **BF16), rms=(None, torch.empty(HIDDEN, **BF16), 1e-6),
-            pending=(torch.empty(1, HIDDEN), torch.empty_like(h))))
-    return table
+        rope=rope), tuple(o for o in others if o != kernel))
 
 
 def projections() -> dict[str, tuple[int, int]]:
@@ -111,9 +97,9 @@ def projections() -> dict[str, tuple[int, int]]:
 
 def main() -> None:
     table = {"attention, batch 1 (splits)": decode_attention(1),
+             "attention, batch 1: the merge kernel": decode_attention(1, "_merge_head_kernel"),
              "attention, batch 64 (no splits)": decode_attention(64)}
     table.update({f"gemv {name}": r for name, r in projections().items()})
-    table.update(deferred_attention_and_o_proj())
     print(json.dumps(table))
 
 

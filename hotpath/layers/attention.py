@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hotpath.ops.attention import rope_and_paged_attention, rope_attention_and_out_proj
+from hotpath.ops.attention import rope_and_paged_attention
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -39,29 +39,6 @@ class Attention(nn.Module):
             q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
             q_norm_weight, k_norm_weight, eps, batch.cu_query_lens, batch.context_lens,
             batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len,
-        )
-
-    def rope_attend_and_project(
-        self,
-        q: torch.Tensor,  # [1, num_heads, head_dim], before QK-norm and RoPE
-        k: torch.Tensor,  # [1, num_kv_heads, head_dim], before QK-norm and RoPE
-        v: torch.Tensor,
-        positions: torch.Tensor,  # [1] int64
-        cos_sin_cache: torch.Tensor,  # [max_positions, rotary_dim] fp32
-        q_norm_weight: torch.Tensor | None,
-        k_norm_weight: torch.Tensor | None,
-        eps: float,
-        batch: ForwardBatch,
-        o_weight: torch.Tensor,  # [hidden, num_heads * head_dim]
-    ) -> torch.Tensor:  # [1, hidden] fp32, the output projection's sums, not rounded
-        """rope_and_attend for a one-token step, then the output projection (see
-        ops/attention.rope_attention_and_out_proj: on the GPU the projection merges the
-        attention's context splits)."""
-        k_cache, v_cache = self.caches()
-        return rope_attention_and_out_proj(
-            q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
-            q_norm_weight, k_norm_weight, eps, batch.cu_query_lens, batch.context_lens,
-            batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len, o_weight,
         )
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,14 +18,7 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
-from hotpath.ops.attention import out_proj_merges_splits
-from hotpath.ops.linear import (
-    linear,
-    linear_add_residual,
-    linear_silu_and_mul,
-    takes_pending,
-    use_gemv,
-)
+from hotpath.ops.linear import linear, linear_add_residual, linear_silu_and_mul, use_gemv
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -51,50 +44,25 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         return self.o_proj(self.attend(positions, self.qkv_proj(x), batch))
 
-    def _split_qkv(self, qkv: torch.Tensor) -> tuple:
-        """q [num_tokens, num_heads, head_dim], k and v [num_tokens, num_kv_heads, head_dim], and
-        the QK-norm's (q weight, k weight, eps), Nones without it."""
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
-            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-        else:
-            qk_norm = (None, None, 0.0)
-        return (q.reshape(-1, self.num_heads, self.head_dim),
-                k.reshape(-1, self.num_kv_heads, self.head_dim),
-                v.reshape(-1, self.num_kv_heads, self.head_dim), qk_norm)
-
     def attend(
         self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [num_tokens, q_size]
         """Attention from the q/k/v projections, this step's k/v written to the cache."""
-        q, k, v, qk_norm = self._split_qkv(qkv)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        else:
+            qk_norm = (None, None, 0.0)
         # QK-norm (Qwen3), RoPE and this step's k/v into the cache, fused with the attention
         # itself for decode steps on the GPU
         out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch)
         return out.reshape(-1, self.q_size)
 
-    def merges_in_o_proj(self, h: torch.Tensor) -> bool:
-        """True when attend_and_project for the one-row input h moves attention's split merge
-        into o_proj (ops/attention.out_proj_merges_splits)."""
-        return out_proj_merges_splits(h, self.num_heads, self.num_kv_heads, self.head_dim,
-                                      self.o_proj.weight)
-
-    def attend_and_project(
-        self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:  # [1, hidden] fp32
-        """o_proj(attend(...)) for one token, as the projection's fp32 sums (not rounded)."""
-        q, k, v, qk_norm = self._split_qkv(qkv)
-        return self.attn.rope_attend_and_project(q, k, v, positions, self.rotary.cos_sin_cache,
-                                                 *qk_norm, batch, self.o_proj.weight)
-
 
 class DecoderLayer(nn.Module):
-    # A one-token step merges attention's context splits in o_proj and adds o_proj into the
-    # residual stream in gate_up where the kernels allow and it pays (see forward_one_row). Off:
-    # the merge in attention, the add in o_proj's epilogue everywhere (scripts/decode_variants.py
-    # compares the two).
-    merge_splits_in_o_proj = True
-
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -129,26 +97,13 @@ class DecoderLayer(nn.Module):
         applied as the next projection loads its input (from the statistic the previous one's
         epilogue gathered while adding into the residual), and SiLU-and-mul is fused into
         gate_up: four GEMV launches and one of attention (QK-norm, RoPE and the merge of its
-        splits included) per layer, rather than ten launches.
-
-        Where gate_up holds its whole input row in each program (takes_pending) and o_proj's
-        programs are all resident at once (merges_in_o_proj: small models), attention leaves
-        its context splits unmerged, o_proj merges them and leaves its sums in fp32, and gate_up
-        adds them into the residual stream (into a second buffer, which down_proj adds to, back
-        into h): the merge's counter and dependent reads leave the critical path."""
+        splits included) per layer, rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
         norm, post_norm = self.input_layernorm, self.post_attention_layernorm
         if sumsq is None:  # the first layer: its input norm is a launch of its own
             qkv = attn.qkv_proj(norm(h))
         else:
             qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias, rms=(sumsq, norm.weight, norm.eps))
-        if (self.merge_splits_in_o_proj and takes_pending(h, mlp.gate_up_proj.weight)
-                and attn.merges_in_o_proj(h)):
-            sums = attn.attend_and_project(positions, qkv, batch)  # [1, hidden] fp32
-            h_mid = torch.empty_like(h)  # h plus o_proj
-            y = linear_silu_and_mul(h, mlp.gate_up_proj.weight, rms=(None, post_norm.weight, post_norm.eps),
-                                    pending=(sums, h_mid))
-            return linear_add_residual(y, mlp.down_proj.weight, h, residual_in=h_mid)
         out = attn.attend(positions, qkv, batch)
         sumsq = linear_add_residual(out, attn.o_proj.weight, h)
         y = linear_silu_and_mul(h, mlp.gate_up_proj.weight, rms=(sumsq, post_norm.weight, post_norm.eps))

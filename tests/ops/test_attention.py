@@ -83,6 +83,28 @@ def test_interpreter_decode_splits(num_splits, merge_elements, interpreter, pois
     assert not triton_decode._counters(torch.device("cpu")).any()
 
 
+@pytest.mark.parametrize("merge_kernel_splits", [32, 2])
+@pytest.mark.parametrize("num_splits", [2, 5, 20])
+@pytest.mark.parametrize("ctx", [1, 17, 70])
+def test_interpreter_one_token_merge_kernel(ctx, num_splits, merge_kernel_splits, interpreter,
+                                            poisoned, monkeypatch):
+    """A one-token call with splits stores the partials and merges them in a kernel of its own,
+    a program per head (in one round, or two splits a round with a running max); the last-split
+    merge's counters are not touched. Contexts inside one split, over several, with empty ones."""
+    from hotpath.ops.attention import triton_decode
+
+    monkeypatch.setattr(triton_decode, "MERGE_KERNEL_SPLITS", merge_kernel_splits)
+    launched = []
+    kernel = triton_decode._merge_head_kernel
+    monkeypatch.setattr(triton_decode, "_merge_head_kernel",
+                        type("K", (), {"__getitem__": lambda self, grid: launched.append(grid) or kernel[grid]})())
+    b = paged_batch([1], [ctx], num_heads=6, num_kv_heads=2, head_dim=24, block_size=8,
+                    dtype=torch.float32, device="cpu")
+    check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16)
+    assert launched == [(6,)]
+    assert not triton_decode._counters(torch.device("cpu")).any()
+
+
 def test_merge_chunk():
     """Splits a merge round reads: MERGE_ELEMENTS partials, at least MIN_MERGE_SPLITS where that
     is at most twice as many, never more than the splits."""
@@ -113,30 +135,33 @@ def test_interpreter_prefill_small_tiles(interpreter, poisoned):
     check_kernel(b, kernel=triton_prefill, config=(16, 16, 4, 2))
 
 
-def new_token_slots(b, qlens, ctxs):
+def new_token_slots(b, qlens, ctxs, block_size=4):
     """The positions of each sequence's query tokens (the last of its context) and their cache
-    slots through its block table (block size 4), as the engine builds them."""
+    slots through its block table, as the engine builds them."""
     device = b.block_tables.device
     positions = torch.cat([torch.arange(c - q, c) for q, c in zip(qlens, ctxs)]).to(device)
     seq_of = torch.repeat_interleave(torch.arange(len(qlens)), torch.tensor(qlens)).to(device)
-    return positions, b.block_tables[seq_of, positions // 4].long() * 4 + positions % 4
+    return positions, b.block_tables[seq_of, positions // block_size].long() * block_size + positions % block_size
 
 
 def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, device,
-                     num_splits=None, layout="nhd"):
+                     num_splits=None, layout="nhd", num_kv_heads=2, block_size=4, max_context_len=None):
     """rope_and_paged_attention (one decode kernel) against qk_norm_rope_and_cache then attention,
     both in the reference: the output, and every cache slot (the new tokens' keys and values)."""
     from hotpath.ops.attention import triton_decode
     from hotpath.ops.rotary import reference as rotary_reference
 
-    b = paged_batch(qlens, ctxs, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
-                    block_size=4, dtype=dtype, device=device, layout=layout, seed=len(qlens))
+    b = paged_batch(qlens, ctxs, num_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
+                    head_dim=head_dim, block_size=block_size, dtype=dtype, device=device,
+                    layout=layout, seed=len(qlens))
+    if max_context_len is not None:  # a graph sized for a longer context
+        b.max_context_len = max_context_len
     g = torch.Generator().manual_seed(7)
     num_tokens = b.q.shape[0]
-    k_new = torch.randn(num_tokens, 2, head_dim, generator=g).to(device, dtype)
-    v_new = torch.randn(num_tokens, 2, head_dim, generator=g).to(device, dtype)
-    positions, slots = new_token_slots(b, qlens, ctxs)
-    table = cos_sin(512, rotary_dim, device)
+    k_new = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g).to(device, dtype)
+    v_new = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g).to(device, dtype)
+    positions, slots = new_token_slots(b, qlens, ctxs, block_size)
+    table = cos_sin(max(512, max(ctxs)), rotary_dim, device)
     weights = (None, None)
     if qk_norm:
         weights = tuple((1 + 0.2 * torch.randn(head_dim, generator=g)).to(device, dtype) for _ in range(2))
@@ -164,6 +189,13 @@ def test_interpreter_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim
     """Decodes at block boundaries and a verify step whose new tokens straddle splits."""
     check_rope_fused([1, 4, 1, 3], [1, 9, 17, 30], 2, head_dim, rotary_dim, qk_norm,
                      torch.float32, "cpu", num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3, 7])
+@pytest.mark.parametrize("ctx", [1, 4, 30])
+def test_interpreter_rope_fused_one_token(ctx, num_splits, interpreter, poisoned):
+    """Batch-1 decode: the fused kernel's splits merged by the merge kernel."""
+    check_rope_fused([1], [ctx], 3, 16, 16, True, torch.float32, "cpu", num_splits)
 
 
 def test_interpreter_rope_fused_dispatch(interpreter, poisoned):
@@ -262,6 +294,17 @@ def test_cuda_decode_forced_splits(num_splits, gpu_triton, poisoned):
 def test_cuda_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim, dtype, gpu_triton, poisoned):
     check_rope_fused([1, 4, 1, 3, 1], [1, 9, 17, 300, 64], 4, head_dim, rotary_dim, qk_norm,
                      dtype, "cuda", num_splits, layout="hnd")
+
+
+@cuda
+@pytest.mark.parametrize("ctx", [1, 17, 532, 4099, 32768])
+@pytest.mark.parametrize("group,head_dim", [(2, 128), (4, 128), (8, 128), (5, 128), (4, 64)])
+def test_cuda_one_token_merge_kernel(ctx, group, head_dim, gpu_triton, poisoned):
+    """Batch-1 decode (its splits merged by the merge kernel) at Qwen3-0.6B, -8B, -32B and
+    Qwen2.5-32B heads, with QK-norm, RoPE and the cache write fused, in a graph sized for 40k
+    (66 splits: 64 hold a 32k context, merged in two rounds)."""
+    check_rope_fused([1], [ctx], group, head_dim, head_dim, True, torch.bfloat16, "cuda",
+                     num_kv_heads=8, block_size=16, max_context_len=40960)
 
 
 @cuda

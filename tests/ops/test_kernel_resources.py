@@ -27,7 +27,7 @@ def table() -> dict[str, list[int]]:
 
 
 def test_no_kernel_spills(table):
-    assert len(table) == 10
+    assert len(table) == 8
     assert all(spilled == 0 for _, spilled in table.values()), table
 
 
@@ -43,11 +43,3 @@ def test_register_ceilings(table):
     # graph, run F), so only spills matter for them. down_proj (K = 12288) walks 8 x 1024 tiles
     # over 4 warps, many programs an SM: at most 128 registers keeps 4 of them
     assert table["gemv down"][0] <= 128, table
-    # o_proj merging attention's splits at Qwen3-0.6B (64 rows x 256 columns a 4-warp program,
-    # 128 programs): one an SM beside a deferred-merge attention program (3.6: 143, 3.9: 128)
-    assert table["o_proj merging the splits (qwen3-0.6b)"][0] <= 192, table
-    assert table["attention, batch 1, merge deferred"][0] <= 160, table
-    # o_proj's pending sums in gate_up's prologue: about the registers of gate_up without them
-    # (3.6: 128 against 120, two programs an SM either way; with the new stream's store
-    # branched rather than masked it took 182, one)
-    assert table["gemv gate_up, pending o_proj"][0] <= table["gemv gate_up"][0] + 8, table

@@ -121,71 +121,6 @@ def test_interpreter_tail_tile(N, K, block_k, tail_k, interpreter, poisoned):
     check_fused_forms(1, N, K, torch.float32, "cpu", TOL[torch.float32], config=config)
 
 
-def check_pending(N, K, dtype, device, tol, config=None):
-    """gate_up with a pending projection (the residual add, its RMSNorm statistic and the new
-    stream stored, all in the kernel), then down_proj adding into the stream from that buffer."""
-    from hotpath.ops.linear import triton_gemv
-
-    g = torch.Generator(device).manual_seed(9)
-    h = (torch.randn(1, K, generator=g, device=device) * 3).to(dtype)
-    sums = torch.randn(1, K, generator=g, device=device) * 2  # fp32, as o_proj leaves them
-    norm_w = (torch.rand(K, generator=g, device=device) + 0.5).to(dtype)
-    _, weight, _ = inputs(1, 2 * N, K, dtype, device, bias=False, seed=3)
-    want_h = (sums.to(dtype) + h)  # the projection rounded, then the residual add rounded
-    normed = reference.rms_normalize(want_h, want_h.float().pow(2).sum(-1)[None, :], norm_w, 1e-6)
-    h_mid = torch.empty_like(h)
-    got = triton_gemv.linear_silu_and_mul(h, weight, config=config, rms=(None, norm_w, 1e-6),
-                                          pending=(sums, h_mid))
-    assert torch.equal(h_mid, want_h)
-    check_gated(got, normed, weight, tol)
-
-    x, down, _ = inputs(1, K, N, dtype, device, bias=False, seed=4)
-    out = torch.empty_like(h)
-    got_sumsq = triton_gemv.linear_add_residual(x, down, out, residual_in=h_mid)
-    want = h_mid.clone()
-    want_sumsq = reference.add_residual(reference.linear(x.float(), down.float()).to(dtype), want)
-    assert rel_err(out, want) < tol and rel_err(got_sumsq.sum(0), want_sumsq.sum(0)) < tol
-    assert torch.equal(h_mid, want_h)  # read, not written
-
-
-@pytest.mark.parametrize("N,K,block_k,tail_k", [(20, 80, 128, 0), (300, 128, 128, 0), (20, 80, 64, 16)])
-def test_interpreter_pending(N, K, block_k, tail_k, interpreter, poisoned):
-    """K in one masked tile, one full tile, and two tiles."""
-    from hotpath.ops.linear import triton_gemv
-
-    config = triton_gemv.GemvConfig(8, block_k, 1, 4, 1, False, tail_k)
-    check_pending(N, K, torch.float32, "cpu", TOL[torch.float32], config)
-
-
-def test_interpreter_pending_needs_whole_row(interpreter):
-    """A config that walks K (or splits it) cannot take pending sums: refused, named."""
-    from hotpath.ops.linear import triton_gemv
-
-    h, sums, weight = torch.randn(1, 256), torch.randn(1, 256), torch.randn(16, 256)
-    for config in (split_config(False, 1, block_k=64), split_config(False, 2, block_k=128)):
-        with pytest.raises(ValueError, match="holds_whole_row"):
-            triton_gemv.linear_silu_and_mul(h, weight, config=config, rms=(None, torch.ones(256), 1e-6),
-                                            pending=(sums, torch.empty_like(h)))
-
-
-def test_interpreter_pending_dispatch(interpreter, poisoned):
-    """ops.linear with pending sums: one launch where the GEMV holds the row (takes_pending),
-    the reference residual add otherwise, with the same results."""
-    g = torch.Generator().manual_seed(2)
-    h, sums = torch.randn(1, 96, generator=g), torch.randn(1, 96, generator=g)
-    norm_w, weight = torch.rand(96, generator=g) + 0.5, torch.randn(32, 96, generator=g) / 10
-    assert linear.takes_pending(h, weight)
-    results = []
-    for name in ("triton", "reference"):
-        backend.set_backend(name)
-        h_mid = torch.empty_like(h)
-        results.append((linear.linear_silu_and_mul(h, weight, rms=(None, norm_w, 1e-6),
-                                                   pending=(sums, h_mid)), h_mid))
-    assert not linear.takes_pending(h, weight)  # the reference backend
-    (got, got_h), (want, want_h) = results
-    assert torch.equal(got_h, want_h) and rel_err(got, want) < 1e-5
-
-
 @pytest.mark.parametrize("M,use_dot", [(1, False), (3, True)])
 def test_interpreter_rms_statistic_in_many_parts(M, use_dot, interpreter, poisoned):
     """The rms= prologue adds more partial sums than one load takes (1,500: over the one-row
@@ -348,19 +283,6 @@ def test_cuda_fused_norm_and_residual(M, N, K, dtype, poisoned):
     """The rms= prologue and residual epilogue at Qwen3 o_proj / down_proj shapes and an odd one,
     with choose_config's tiles (split K included)."""
     check_fused_forms(M, N, K, dtype, "cuda", TOL[dtype])
-
-
-@cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("N,K", [(3072, 1024), (12288, 4096), (25600, 5120), (18944, 3584)])
-def test_cuda_pending(N, K, dtype, poisoned):
-    """Qwen3-0.6B, -8B, -32B and Qwen2.5-7B gate_up with their own configs (one tile, two, a
-    masked one), taking o_proj's pending sums (the model passes them only where K is one tile)."""
-    from hotpath.ops.linear import triton_gemv
-
-    cfg = triton_gemv.choose_config(1, 2 * N, K, torch.device("cuda"))
-    assert triton_gemv.holds_whole_row(1, 2 * N, K, torch.device("cuda")) == (cfg.tail_k == 0)
-    check_pending(N, K, dtype, "cuda", TOL[dtype])
 
 
 @cuda

@@ -5,17 +5,20 @@ One program handles (sequence, kv head, split of the context). Its query rows ar
 of the sequence times every q head sharing that kv head (GQA), so each K/V tile is read from memory
 once for the whole group and the dot products have enough rows for tensor cores. Splitting the
 context lets batch-1 long-context decode use every SM; each split writes its normalised partial
-output and log-sum-exp, and the last split of a (sequence, kv head) to finish (an atomic counter
-says which) merges them, reading every split's partials in one round at batch 1. With a single
-split the program writes the output directly.
+output and log-sum-exp. A one-token call (batch-1 decode) then merges them in a kernel of its own,
+a program per head (_merge_head_kernel); in larger calls the last split of a (sequence, kv head)
+to finish (an atomic counter says which) merges them. With a single split the program writes the
+output directly.
 
 At batch 1 the kernel is a chain of latencies, not a stream of bytes (a 1k context is ~2 MB), so
 it is arranged to have few dependent memory rounds after PDL's wait: before the wait, while the
 qkv projection finishes, the first tile of keys and values of earlier steps is prefetched into L2
 (holding it in registers instead measured slower) and the block table, cos/sin and the norm
-weights are read; after it, the projections in one round, the tiles from L2; then the merge's
-counter and its read of the partials (a separate merge kernel added 2.1-2.5 us a layer on an
-H200; merging here, ~0.4 us less at Qwen3-0.6B). Calls without splits, where the batch fills the
+weights are read; after it, the projections in one round, the tiles from L2, the partials'
+stores, and nothing more: the merge's fence, counter and dependent read of the partials were
+~2.4 us a layer at Qwen3-0.6B and ~4.6 at 8B of this kernel's chain, and the merge kernel a
+program per head costs less than that (run I; run E's, a program per kv head, had cost more than
+merging here). Calls without splits, where the batch fills the
 GPU, are occupancy-bound instead: they skip the prefetch and load the query late, for registers
 (102 rather than 146 a thread at Qwen3-8B shapes). docs/benchmarks.md, run E, has the figures;
 run G those of what measured slower: attending to this step's keys from registers rather than
@@ -27,9 +30,6 @@ captured with max_context_len = max_model_len stays valid), but each sequence sp
 context over them on the device, in whole tiles: a short context in a graph sized for a long one
 uses as many splits as it has tiles, rather than leaving the work to the first.
 
-With `defer` (one token; small models, see triton_out_proj.pays) the splits store their partials
-and leave: the output projection merges them, off this kernel's critical path.
-
 With ROPE the kernel also does what ops/rotary's qk_norm_rope_and_cache does before it, saving that
 launch in decode: each program normalises and rotates its query rows as it loads them, and the
 program whose split holds a new position writes that token's rotated key and its value into the
@@ -38,8 +38,6 @@ rows).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -77,6 +75,14 @@ MERGE_ELEMENTS = 8192
 # 8 q heads a kv head (Qwen3-32B; Qwen2.5-32B's 5 pad to 8) one round for 9 splits instead of
 # two made the 32B step 2% faster (H200, run H), at 207 registers rather than 166 (Triton 3.6)
 MIN_MERGE_SPLITS = 16
+# A call of at most this many query tokens (a batch-1 decode) merges its splits in a kernel of its
+# own, a program per head, rather than in the last split of each kv head to finish: the fence,
+# atomic counter and dependent read of the partials left the attention kernel's chain, and the
+# step was 2.6% faster at Qwen3-8B and 4.7% at Qwen3-0.6B (H200, run I call 8; run E's separate
+# merge, a program per kv head, had been slower). Larger calls keep the merge here (unmeasured).
+MERGE_KERNEL_MAX_TOKENS = 1
+# splits the merge kernel reads a round (fp32 [32, 128]: 32 registers a thread at 4 warps)
+MERGE_KERNEL_SPLITS = 32
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
 
@@ -186,8 +192,6 @@ def _decode_split_kernel(
     stride_vnt,
     stride_vnh,
     stride_cs,
-    zero_ptr,  # [zero_n] fp32 the consumer adds into (DEFER)
-    zero_n,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -205,8 +209,7 @@ def _decode_split_kernel(
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
-    DEFER: tl.constexpr,  # leave the merge to the consumer (triton_out_proj); zero its sums
-    ZERO_BLOCK: tl.constexpr,  # elements of it each program zeroes
+    DEFER: tl.constexpr,  # store the partials only: _merge_head_kernel merges them
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -263,12 +266,6 @@ def _decode_split_kernel(
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
     pdl_wait(USE_PDL)
-    if DEFER:
-        # the buffer the output projection adds into: its last reader (the previous layer's
-        # gate_up) has completed, since the kernel this one waited for waited for it
-        z = ((seq * tl.num_programs(1) + kv_head) * num_splits + split) * ZERO_BLOCK + \
-            tl.arange(0, ZERO_BLOCK)
-        tl.store(zero_ptr + z, tl.zeros([ZERO_BLOCK], tl.float32), mask=z < zero_n)
 
     if ROPE:
         t_token = (q_start + t).to(tl.int64)[:, None]
@@ -403,25 +400,46 @@ def _merge_splits(
              out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d[None, :] < HEAD_DIM))
 
 
-@dataclass(frozen=True)
-class SplitPartials:
-    """A one-token decode's attention left unmerged (paged_attention with `defer`): each split's
-    normalised output and log-sum-exp, for a consumer to merge (triton_out_proj)."""
-
-    out: torch.Tensor  # [1, num_heads, num_splits, head_dim] fp32
-    lse: torch.Tensor  # [1, num_heads, num_splits] fp32, log2 units
-    context_lens: torch.Tensor  # [1] int32: which splits hold context (splits_used)
-    block_n: int  # keys per tile: splits hold whole tiles
-
-    @property
-    def num_splits(self) -> int:
-        return self.out.shape[2]
-
-
-def splits_used(ctx: int, num_splits: int, block_n: int) -> int:
-    """How many splits hold part of a `ctx`-token context (the kernel's rule: whole tiles)."""
-    split_len = triton.cdiv(triton.cdiv(ctx, num_splits), block_n) * block_n
-    return triton.cdiv(ctx, split_len)
+@triton.jit
+def _merge_head_kernel(
+    part_out_ptr,  # [1, num_heads, num_splits, HEAD_DIM] fp32
+    part_lse_ptr,  # [1, num_heads, num_splits] fp32, log2 units
+    context_lens_ptr,  # [1] int32
+    out_ptr,  # [1, num_heads, HEAD_DIM]
+    num_splits,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys per attention tile: a split holds whole tiles
+    BLOCK_S: tl.constexpr,  # splits merged a round
+    USE_PDL: tl.constexpr,
+):
+    """One head of a one-token decode's split partials merged (DEFER): a program per head."""
+    pdl_launch_dependents(USE_PDL)
+    head = tl.program_id(0)
+    ctx = tl.load(context_lens_ptr)
+    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    used = tl.cdiv(ctx, split_len)  # the splits that hold context (the others store nothing)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    pdl_wait(USE_PDL)
+    run_max = float("-inf")
+    weight_sum = 0.0
+    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
+    for s0 in range(0, used, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        idx = head * num_splits + s
+        lse = tl.load(part_lse_ptr + idx, mask=s < used, other=float("-inf"))
+        part = tl.load(part_out_ptr + idx[:, None] * HEAD_DIM + d[None, :],
+                       mask=(s < used)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+        # the one token has seen its own key, so some split's lse is finite in the first round
+        new_max = tl.maximum(run_max, tl.max(lse, 0))
+        weight = tl.exp2(lse - new_max)
+        rescale = tl.exp2(run_max - new_max)
+        acc = acc * rescale + tl.sum(part * weight[:, None], 0)
+        weight_sum = weight_sum * rescale + tl.sum(weight, 0)
+        run_max = new_max
+    tl.store(out_ptr + head * stride_oh + d, (acc / weight_sum).to(out_ptr.dtype.element_ty),
+             mask=d < HEAD_DIM)
 
 
 def choose_num_splits(
@@ -468,20 +486,14 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
-    defer: torch.Tensor | None = None,
-) -> torch.Tensor | SplitPartials:  # [num_tokens, num_heads, head_dim]
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
     With `rope` = (k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps), q, k and v are the raw
     projections of this step's tokens and the kernel first does what qk_norm_rope_and_cache does
     (QK-norm when the weights are given, RoPE, k and v into the cache), positions and cache slots
     being the last query_len of each sequence's context, through its block table. One launch
-    fewer per layer.
-
-    With `defer` (an fp32 buffer; one query token), the splits' partials are returned unmerged,
-    for the output projection to merge (triton_out_proj.merge_and_project), and the kernel
-    zeroes `defer` for that projection to add into: the merge's fence, counter and dependent
-    reads leave attention's critical path. Even one split returns partials then."""
+    fewer per layer."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -499,8 +511,9 @@ def paged_attention(
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return out
-    direct = num_splits == 1 and defer is None
-    assert defer is None or (num_tokens == 1 and defer.dtype == torch.float32 and defer.is_contiguous())
+    direct = num_splits == 1
+    # one token with splits: the merge as a kernel of its own (see MERGE_KERNEL_MAX_TOKENS)
+    defer = not direct and num_tokens <= MERGE_KERNEL_MAX_TOKENS
     merge_m = next_power_of_2(max_query_len * group)
     counters = _counters(q.device)
     if direct:
@@ -538,18 +551,19 @@ def paged_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1), *rope_strides,
-        defer if defer is not None else part_lse, defer.numel() if defer is not None else 0,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct, MERGE_M=merge_m,
         SPLIT_CHUNK=merge_chunk(num_splits, merge_m * head_dim_pad),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
-        KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128),
-        DEFER=defer is not None,
-        ZERO_BLOCK=next_power_of_2(triton.cdiv(defer.numel(), num_kv_heads * num_splits))
-        if defer is not None else 1,
+        KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128), DEFER=defer,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
-    if defer is not None:
-        return SplitPartials(part_out, part_lse, context_lens, block_n)
+    if defer:
+        _merge_head_kernel[(num_heads,)](
+            part_out, part_lse, context_lens, out, num_splits, out.stride(1),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n,
+            BLOCK_S=min(next_power_of_2(num_splits), MERGE_KERNEL_SPLITS), USE_PDL=use_pdl,
+            num_warps=4, launch_pdl=use_pdl,
+        )
     return out

@@ -58,32 +58,12 @@ def linear(
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def takes_pending(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when linear_silu_and_mul(x, weight, pending=...) runs as one GEMV launch (one row
-    whose every program holds all of it); otherwise a pending projection costs launches."""
-    if not use_gemv(x, weight) or math.prod(x.shape[:-1]) != 1:
-        return False
-    from hotpath.ops.linear import triton_gemv
-
-    return triton_gemv.holds_whole_row(1, weight.shape[0], weight.shape[1], x.device)
-
-
 def linear_silu_and_mul(
     x: torch.Tensor,  # [..., in_features]
     weight: torch.Tensor,  # [2 * intermediate, in_features] = [gate | up]
     rms: reference.RmsInput | None = None,
-    pending: reference.PendingSums | None = None,
 ) -> torch.Tensor:  # [..., intermediate]
-    """silu(x @ gate^T) * (x @ up^T): one fused launch where the GEMV runs, else the two ops.
-    With `pending` (x one row), x is first the residual stream x plus the pending projection,
-    stored in pending's buffer; `rms`'s statistic is then ignored (taken from the new x)."""
-    if pending is not None and takes_pending(x, weight):
-        from hotpath.ops.linear import triton_gemv
-
-        return triton_gemv.linear_silu_and_mul(x, weight, rms=rms, pending=pending)
-    if pending is not None:
-        x, sumsq = reference.add_pending(x, pending)
-        rms = None if rms is None else (sumsq, *rms[1:])
+    """silu(x @ gate^T) * (x @ up^T): one fused launch where the GEMV runs, else the two ops."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
 
@@ -95,19 +75,15 @@ def linear_add_residual(
     x: torch.Tensor,  # [rows, in_features]
     weight: torch.Tensor,  # [out_features, in_features]
     residual: torch.Tensor,  # [rows, out_features], updated in place
-    residual_in: torch.Tensor | None = None,  # [rows, out_features]: the stream, if not residual
 ) -> torch.Tensor:  # [T, rows] fp32
-    """residual += x @ weight^T (or residual = residual_in + x @ weight^T); returns partial
-    sums of squares of the new rows (summed over T, each row's), gathered in the GEMV's epilogue
-    where it runs, so that the next projection can RMS-normalise its input as it loads it
-    (`rms=`) and no RMSNorm kernel runs between them."""
+    """residual += x @ weight^T; returns partial sums of squares of the new rows (summed over T,
+    each row's), gathered in the GEMV's epilogue where it runs, so that the next projection can
+    RMS-normalise its input as it loads it (`rms=`) and no RMSNorm kernel runs between them."""
     if use_gemv(x, weight):
         from hotpath.ops.linear import triton_gemv
 
-        return triton_gemv.linear_add_residual(x, weight, residual, residual_in=residual_in)
-    if residual_in is not None:
-        residual.copy_(residual_in)
+        return triton_gemv.linear_add_residual(x, weight, residual)
     return reference.add_residual(reference.linear(x, weight), residual)
 
 
-__all__ = ["linear", "linear_add_residual", "linear_silu_and_mul", "takes_pending"]
+__all__ = ["linear", "linear_add_residual", "linear_silu_and_mul"]

@@ -38,20 +38,3 @@ def add_residual(
     squares, as one partial sum."""
     residual.copy_(y + residual)
     return residual.float().pow(2).sum(-1)[None, :]
-
-
-# A projection's output not yet added into the residual stream its consumer reads: (its fp32
-# sums [1, K], not rounded; the [1, K] buffer where the consumer stores the stream with them
-# added)
-PendingSums = tuple[torch.Tensor, torch.Tensor]
-
-
-def add_pending(
-    x: torch.Tensor,  # [1, K], the residual stream without the pending projection
-    pending: PendingSums,
-) -> tuple[torch.Tensor, torch.Tensor]:  # the new stream (pending's buffer), [1, 1] fp32
-    """The residual add of a projection whose fp32 sums are pending, rounded as the reference
-    rounds the projection and the add; the new stream is stored in pending's buffer."""
-    sums, residual = pending
-    residual.copy_(sums.to(x.dtype) + x)
-    return residual, residual.float().pow(2).sum(-1)[None, :]

@@ -27,10 +27,7 @@ weight is spread over many programs:
   those partial sums (a few KB, read alongside x) in a fixed order, so every program gets the same
   statistic whatever the timing, and normalises x's tiles as it loads them. Summing in the
   consumer rather than in the producer's last tile keeps an atomic and a dependent read off the
-  step's critical path. With `pending` (one row held whole by each program) the previous
-  projection's output arrives as fp32 sums not yet in x (ops/attention/triton_out_proj): the
-  kernel adds them in, takes the statistic from the row itself, and one program stores the new
-  stream to another buffer, which the next residual epilogue reads (`residual_in`);
+  step's critical path;
 - a weight with few rows and a long K gives too few programs, so K is split until there are
   several programs per SM (at one row only where K is longer than one tile: with K in one tile,
   the split's tail cost more in the decode graph than it gained). Each split writes an fp32
@@ -51,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.linear.reference import PendingSums, RmsInput
+from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch_dependents,
@@ -148,7 +145,7 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit
-def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, res_in_ptr,
+def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr,
                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                ROUND_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc: [BLOCK_N, BLOCK_M] fp32 sums of this program's (virtual) rows -> out[rm, features]."""
@@ -169,11 +166,9 @@ def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, res
     out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
     if RESIDUAL:
         # out is the residual stream: the projection (rounded as the reference rounds it) is
-        # added to it (read from res_in, out itself unless the stream moved buffers), and this
-        # tile's share of the next RMSNorm's statistic, the sum of squares of its part of the new
-        # stream, is stored for the next projection to add up
-        res = tl.load(res_in_ptr + rm[None, :] * stride_om + rn[:, None], mask=mask, other=0.0)
-        h = (acc.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)
+        # added to it in place, and this tile's share of the next RMSNorm's statistic, the sum of
+        # squares of its part of the new stream, is stored for the next projection to add up
+        h = (acc.to(dtype).to(tl.float32) + tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)).to(dtype)
         tl.store(out_ptrs, h, mask=mask)
         hf = tl.where(mask, h.to(tl.float32), 0.0)  # rows past N hold row N - 1's sums
         tl.store(stat_ptr + pid_n * M + rm, tl.sum(hf * hf, axis=0), mask=rm < M)
@@ -208,24 +203,12 @@ def _normed_x(x, rk, norm_w_ptr, rstd, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _load_x(x_ptr, rk, K, EVEN_K: tl.constexpr):
-    if EVEN_K:
-        return tl.load(x_ptr + rk)
-    return tl.load(x_ptr + rk, mask=rk < K, other=0.0)
-
-
-@triton.jit
-def _pending_x(x_ptr, pend_ptr, rk, K, EVEN_K: tl.constexpr):
-    """x's entries rk plus the pending projection's fp32 sums, each rounded as the reference's
-    projection and residual add round: the residual stream after that projection."""
-    dtype = x_ptr.dtype.element_ty
-    p = _load_x(pend_ptr, rk, K, EVEN_K).to(dtype).to(tl.float32)
-    return (p + _load_x(x_ptr, rk, K, EVEN_K).to(tl.float32)).to(dtype)
-
-
-@triton.jit
-def _dot_x(w, x, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr, NORM_INPUT: tl.constexpr):
+def _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr, NORM_INPUT: tl.constexpr):
     """[BLOCK_N] fp32: the tile w [BLOCK_N, BLOCK_K] times x's entries rk, summed along K."""
+    if EVEN_K:
+        x = tl.load(x_ptr + rk)
+    else:
+        x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
     if NORM_INPUT:
         x = _normed_x(x, rk, norm_w_ptr, rstd, K, EVEN_K)
     return tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
@@ -244,9 +227,6 @@ def _gemv_kernel(
     n_stat_in,
     eps,  # of that RMSNorm
     stat_ptr,  # [n_tiles, M] fp32 partial sums of squares of the new residual rows (RESIDUAL)
-    res_in_ptr,  # [M, N] the residual stream before this projection (RESIDUAL; out unless moved)
-    pend_ptr,  # [1, K] fp32 sums of the previous projection, not yet in x (PENDING)
-    res_out_ptr,  # [1, K] where x plus those sums is stored (PENDING)
     M,
     N,  # output features
     K,
@@ -258,7 +238,6 @@ def _gemv_kernel(
     GATED: tl.constexpr,  # out = silu(x @ gate^T) * (x @ up^T)
     NORM_INPUT: tl.constexpr,  # x := rms_norm(x) with the given statistic and weight
     RESIDUAL: tl.constexpr,  # out += x @ w^T, and the next RMSNorm's statistic of out
-    PENDING: tl.constexpr,  # x := x + pend, stored to res_out; its statistic from the whole row
     SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
@@ -320,41 +299,18 @@ def _gemv_kernel(
             rk_tail = BLOCK_K + tl.arange(0, TAIL_K)
             w_tail = tl.load(w_rows + rk_tail[None, :])
         pdl_wait(USE_PDL)
-        if PENDING:
-            # x is the residual stream still missing the previous projection (its fp32 sums,
-            # added by several programs): add it here, and, since a program holds the whole
-            # row, take the RMSNorm's statistic from it directly. One program stores the new
-            # stream, to another buffer (the others still read x)
-            x = _pending_x(x_ptr, pend_ptr, rk, K, EVEN_K)
-            xf = x.to(tl.float32)
-            sumsq = tl.sum(xf * xf)
-            # (a mask, not a branch: a branch kept the row live, 182 registers a thread at
-            # Qwen3-8B's gate_up rather than 128, Triton 3.6)
-            stored = tl.where(pid_n == 0, K, 0)  # elements program 0 stores
-            tl.store(res_out_ptr + rk, x, mask=rk < stored)
-            if TAIL_K > 0:
-                x_tail = _pending_x(x_ptr, pend_ptr, rk_tail, K, True)
-                xf = x_tail.to(tl.float32)
-                sumsq += tl.sum(xf * xf)
-                tl.store(res_out_ptr + rk_tail, x_tail, mask=rk_tail < stored)
-            rstd = tl.rsqrt(sumsq / K + eps)
-        else:
-            # one row: the producer's N tiles' partials, in one load up to 1024 of them
-            rstd = tl.sum(_rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024)) if NORM_INPUT else 1.0
-            x = _load_x(x_ptr, rk, K, EVEN_K)
-            if TAIL_K > 0:
-                x_tail = _load_x(x_ptr, rk_tail, K, True)
-        acc_n = _dot_x(w, x, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
+        # one row: the producer's N tiles' partials, in one load up to 1024 of them
+        rstd = tl.sum(_rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024)) if NORM_INPUT else 1.0
+        acc_n = _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
         if TAIL_K > 0:
-            acc_n += _dot_x(w_tail, x_tail, rk_tail, K, norm_w_ptr, rstd, True, NORM_INPUT)
+            acc_n += _dot_x(w_tail, x_ptr, rk_tail, K, norm_w_ptr, rstd, True, NORM_INPUT)
         for k0 in range(k_start + BLOCK_K + TAIL_K, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 w = tl.load(w_rows + rk[None, :])
             else:
                 w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
-            acc_n += _dot_x(w, _load_x(x_ptr, rk, K, EVEN_K), rk, K, norm_w_ptr, rstd, EVEN_K,
-                            NORM_INPUT)
+            acc_n += _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
         acc = acc_n[:, None]  # [BLOCK_N, 1]
 
     if SPLIT:
@@ -372,11 +328,11 @@ def _gemv_kernel(
                 total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask, other=0.0,
                                  cache_modifier=".cg")
             tl.store(counter_ptr + pid_n, 0)
-            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, res_in_ptr,
-                       HAS_BIAS, GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
+            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                       GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
     else:
-        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, res_in_ptr,
-                   HAS_BIAS, GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
+        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                   GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
 
 
 def linear(
@@ -401,23 +357,12 @@ def linear_silu_and_mul(
     weight: torch.Tensor,  # [2 * N, K] = [gate | up], K contiguous
     config: GemvConfig | None = None,
     rms: RmsInput | None = None,
-    pending: PendingSums | None = None,
 ) -> torch.Tensor:  # [..., N]
     """silu(x @ gate^T) * (x @ up^T), the gated MLP's first half, in one launch: each program
-    sums matching gate and up rows, so the product is formed before anything is stored. With
-    `pending` (one row, K held whole: `holds_whole_row`), x is first the residual add of x and
-    those sums, stored to the buffer given, and `rms`'s statistic is computed here (pass None)."""
+    sums matching gate and up rows, so the product is formed before anything is stored."""
     if weight.shape[0] % 2:
         raise ValueError(f"a [gate | up] weight needs an even number of rows, got {weight.shape[0]}")
-    return _launch(x, weight, None, config, gated=True, rms=rms, pending=pending)[0]
-
-
-def holds_whole_row(M: int, rows: int, K: int, device: torch.device) -> bool:
-    """True when choose_config gives each program all of a one-row input in one tile (K up to
-    WHOLE_K), which `pending` needs. (Two tiles would do, but the pending prologue takes Qwen3-
-    32B's gate_up from 127 registers to 169 (Triton 3.6), one program an SM rather than two.)"""
-    cfg = choose_config(M, rows, K, device)
-    return M == 1 and not cfg.use_dot and cfg.split_k == 1 and not cfg.tail_k and cfg.block_k >= K
+    return _launch(x, weight, None, config, gated=True, rms=rms)[0]
 
 
 def linear_add_residual(
@@ -425,21 +370,17 @@ def linear_add_residual(
     weight: torch.Tensor,  # [N, K], K contiguous
     residual: torch.Tensor,  # [M, N], updated in place
     config: GemvConfig | None = None,
-    residual_in: torch.Tensor | None = None,  # [M, N] like residual
 ) -> torch.Tensor:  # [T, M] fp32
-    """residual += x @ weight^T (residual = residual_in + x @ weight^T where given); returns
-    partial sums of squares of the new residual rows (their sum over T is each row's), which the
-    next RMSNorm needs, stored by the kernel's epilogue."""
-    for r in (residual, residual_in if residual_in is not None else residual):
-        if r.shape != (x.shape[0], weight.shape[0]) or r.stride() != residual.stride() or r.stride(-1) != 1:
-            raise ValueError(f"residual {tuple(r.shape)} must be a row-major [{x.shape[0]}, {weight.shape[0]}]")
-    return _launch(x, weight, None, config, residual=residual, residual_in=residual_in)[1]
+    """residual += x @ weight^T; returns partial sums of squares of the new residual rows (their
+    sum over T is each row's), which the next RMSNorm needs, stored by the kernel's epilogue."""
+    if residual.shape != (x.shape[0], weight.shape[0]) or residual.stride(-1) != 1:
+        raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{x.shape[0]}, {weight.shape[0]}]")
+    return _launch(x, weight, None, config, residual=residual)[1]
 
 
 def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
             rms: RmsInput | None = None, residual: torch.Tensor | None = None,
-            out_dtype: torch.dtype | None = None, pending: PendingSums | None = None,
-            residual_in: torch.Tensor | None = None,
+            out_dtype: torch.dtype | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     K = x.shape[-1]
     rows = weight.shape[0]  # the weight's rows: the outputs, or [gate | up]
@@ -477,37 +418,22 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
             raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
         partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
     stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
-    if pending is not None:
-        pend, res_out = pending
-        if not (M == 1 and split == 1 and not cfg.use_dot and cfg.block_k + cfg.tail_k >= K):
-            raise ValueError("pending sums need one row held whole by each program (holds_whole_row)")
-        if pend.shape != (1, K) or pend.dtype != torch.float32 or not pend.is_contiguous():
-            raise ValueError(f"pending sums must be a contiguous fp32 [1, {K}], got {pend.dtype} {tuple(pend.shape)}")
-        if res_out.shape != (1, K) or res_out.dtype != x.dtype or not res_out.is_contiguous():
-            raise ValueError(f"the pending sums' residual must be a contiguous [1, {K}] of x's dtype")
-    else:
-        pend = res_out = out
     if rms is not None:
         stat_in, norm_w, eps = rms
-        if pending is not None:
-            stat_in = pend  # unused: with pending sums the statistic is the kernel's own
-        elif stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
+        if stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
             raise ValueError(f"rms statistic must be fp32 [T, {M}], got {stat_in.dtype} {tuple(stat_in.shape)}")
-        else:
-            stat_in = stat_in.contiguous()
+        stat_in = stat_in.contiguous()
     else:
         stat_in, norm_w, eps = out, out, 0.0
     use_pdl = pdl_enabled(x.device)
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,
         norm_w, stat_in, stat_in.shape[0], eps, stat if stat is not None else out,
-        residual_in if residual_in is not None else out, pend, res_out,
         M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None,
         GATED=gated,
         NORM_INPUT=rms is not None,
         RESIDUAL=residual is not None,
-        PENDING=pending is not None,
         SPLIT=split > 1,
         USE_DOT=cfg.use_dot,
         EVEN_K=K % cfg.block_k == 0 or cfg.tail_k > 0,
