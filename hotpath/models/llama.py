@@ -96,8 +96,8 @@ class DecoderLayer(nn.Module):
         """`forward` for a one-token step, where every projection is a GEMV: each RMSNorm is
         applied as the next projection loads its input (from the statistic the previous one's
         epilogue gathered while adding into the residual), and SiLU-and-mul is fused into
-        gate_up: four GEMV launches and one of attention (QK-norm, RoPE and the merge of its
-        splits included) per layer, rather than ten launches."""
+        gate_up: four GEMV launches and two of attention (QK-norm and RoPE included; the merge of
+        its splits) per layer, rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
         norm, post_norm = self.input_layernorm, self.post_attention_layernorm
         if sumsq is None:  # the first layer: its input norm is a launch of its own
