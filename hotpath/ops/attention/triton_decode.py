@@ -78,8 +78,9 @@ MIN_MERGE_SPLITS = 16
 # A call of at most this many query tokens (a batch-1 decode) merges its splits in a kernel of its
 # own, a program per head, rather than in the last split of each kv head to finish: the fence,
 # atomic counter and dependent read of the partials left the attention kernel's chain, and the
-# step was 2.6% faster at Qwen3-8B and 4.7% at Qwen3-0.6B (H200, run I call 8; run E's separate
-# merge, a program per kv head, had been slower). Larger calls keep the merge here (unmeasured).
+# step was 1-2.6% faster at Qwen3-8B, 1.7-4.7% at Qwen3-0.6B and 0.9% at Qwen3-32B (H200, run I
+# calls 8-11; run E's separate merge, a program per kv head, had been slower). Larger calls keep
+# the merge here (unmeasured).
 MERGE_KERNEL_MAX_TOKENS = 1
 # splits the merge kernel reads a round (fp32 [32, 128]: 32 registers a thread at 4 warps)
 MERGE_KERNEL_SPLITS = 32
@@ -513,7 +514,7 @@ def paged_attention(
         return out
     direct = num_splits == 1
     # one token with splits: the merge as a kernel of its own (see MERGE_KERNEL_MAX_TOKENS)
-    defer = not direct and num_tokens <= MERGE_KERNEL_MAX_TOKENS
+    defer = not direct and num_tokens <= MERGE_KERNEL_MAX_TOKENS and num_seqs == 1
     merge_m = next_power_of_2(max_query_len * group)
     counters = _counters(q.device)
     if direct:
