@@ -79,7 +79,7 @@ MIN_MERGE_SPLITS = 16
 # own, a program per head, rather than in the last split of each kv head to finish: the fence,
 # atomic counter and dependent read of the partials left the attention kernel's chain, and the
 # step was 1-2.6% faster at Qwen3-8B, 1.7-4.7% at Qwen3-0.6B and 0.9% at Qwen3-32B (H200, run I
-# calls 8-11; run E's separate merge, a program per kv head, had been slower). Larger calls keep
+# calls 8-14; run E's separate merge, a program per kv head, had been slower). Larger calls keep
 # the merge here (unmeasured).
 MERGE_KERNEL_MAX_TOKENS = 1
 # splits the merge kernel reads a round (fp32 [32, 128]: 32 registers a thread at 4 warps)
@@ -407,6 +407,7 @@ def _merge_head_kernel(
     part_lse_ptr,  # [1, num_heads, num_splits] fp32, log2 units
     context_lens_ptr,  # [1] int32
     out_ptr,  # [1, num_heads, HEAD_DIM]
+    num_heads,
     num_splits,
     stride_oh,
     HEAD_DIM: tl.constexpr,
@@ -415,32 +416,16 @@ def _merge_head_kernel(
     BLOCK_S: tl.constexpr,  # splits merged a round
     USE_PDL: tl.constexpr,
 ):
-    """One head of a one-token decode's split partials merged (DEFER): a program per head."""
+    """One head of a one-token decode's split partials merged (DEFER): a program per head, each
+    the last-split merge of a one-row group."""
     pdl_launch_dependents(USE_PDL)
     head = tl.program_id(0)
     ctx = tl.load(context_lens_ptr)
     split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     used = tl.cdiv(ctx, split_len)  # the splits that hold context (the others store nothing)
-    d = tl.arange(0, HEAD_DIM_PAD)
     pdl_wait(USE_PDL)
-    run_max = float("-inf")
-    weight_sum = 0.0
-    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
-    for s0 in range(0, used, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        idx = head * num_splits + s
-        lse = tl.load(part_lse_ptr + idx, mask=s < used, other=float("-inf"))
-        part = tl.load(part_out_ptr + idx[:, None] * HEAD_DIM + d[None, :],
-                       mask=(s < used)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-        # the one token has seen its own key, so some split's lse is finite in the first round
-        new_max = tl.maximum(run_max, tl.max(lse, 0))
-        weight = tl.exp2(lse - new_max)
-        rescale = tl.exp2(run_max - new_max)
-        acc = acc * rescale + tl.sum(part * weight[:, None], 0)
-        weight_sum = weight_sum * rescale + tl.sum(weight, 0)
-        run_max = new_max
-    tl.store(out_ptr + head * stride_oh + d, (acc / weight_sum).to(out_ptr.dtype.element_ty),
-             mask=d < HEAD_DIM)
+    _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, 0, 1, head, used, num_heads, num_splits,
+                  0, stride_oh, tl.arange(0, HEAD_DIM_PAD), 1, 1, BLOCK_S, HEAD_DIM)
 
 
 def choose_num_splits(
@@ -562,7 +547,7 @@ def paged_attention(
     )
     if defer:
         _merge_head_kernel[(num_heads,)](
-            part_out, part_lse, context_lens, out, num_splits, out.stride(1),
+            part_out, part_lse, context_lens, out, num_heads, num_splits, out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n,
             BLOCK_S=min(next_power_of_2(num_splits), MERGE_KERNEL_SPLITS), USE_PDL=use_pdl,
             num_warps=4, launch_pdl=use_pdl,
