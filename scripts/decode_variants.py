@@ -197,6 +197,12 @@ GEMV = {
     "8_down_two16": _gemv(r4096x12288=(8, 8192, 1, 16, 4096)),
     "8_down_two_n4": _gemv(r4096x12288=(4, 8192, 1, 8, 4096)),
     "8_down_two_n4w16": _gemv(r4096x12288=(4, 8192, 1, 16, 4096)),
+    # 8B o_proj in smaller programs (registers a thread, Triton 3.6: 8 x 4096 over 8 warps 122;
+    # 4 rows over 4 warps 100; 2 rows over 2 warps 96, over 4 64): more of them fit on an SM
+    # beside attention's and the merge's programs, so more of the weight loads during attention
+    "8_o_n4w4": _gemv(r4096x4096=(4, 4096, 1, 4)),
+    "8_o_n2w2": _gemv(r4096x4096=(2, 4096, 1, 2)),
+    "8_o_n2w4": _gemv(r4096x4096=(2, 4096, 1, 4)),
     # Qwen3-32B (qkv 10240x5120, o 5120x8192, gate_up 51200x5120, down 5120x25600) under run E's
     # rule: 2048-wide tiles over 8 warps, no split
     "32_old_rule": _gemv(r10240x5120=(8, 2048, 1, 8), r5120x8192=(8, 2048, 1, 8),

@@ -51,18 +51,22 @@ def _run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tup
     return ttft, step_times
 
 
-def run_hotpath(ns: argparse.Namespace, model_dir: str) -> dict:
+def engine_args(ns: argparse.Namespace, model_dir: str) -> EngineArgs:
+    """The engine the bench times for these arguments: room for one batch, no prefix caching."""
     total_len = ns.input_len + ns.output_len
     blocks = ns.batch_size * (-(-total_len // 16) + 1) + 16
-    args = EngineArgs(
+    return EngineArgs(
         model=model_dir, load_format=ns.load_format, dtype=ns.dtype, skip_tokenizer_init=True,
         max_model_len=max(total_len + 16, 64), enable_prefix_caching=False,
         max_num_seqs=max(ns.batch_size, 1), num_gpu_blocks_override=blocks,
         max_num_batched_tokens=max(8192, ns.input_len), enforce_eager=ns.enforce_eager,
         async_scheduling=ns.async_scheduling,
     )
+
+
+def run_hotpath(ns: argparse.Namespace, model_dir: str) -> dict:
     say(f"loading hotpath engine ({ns.load_format} weights) and capturing CUDA graphs")
-    engine = Engine(args)
+    engine = Engine(engine_args(ns, model_dir))
     cfg = engine.model_config
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, cfg.vocab_size, (ns.input_len,), generator=g).tolist()

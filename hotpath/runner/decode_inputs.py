@@ -4,15 +4,23 @@ A decode step's inputs are a few ints per row (token id, position, cache slot, c
 plus the block tables. They are built as one host list and sent in one copy into one int32
 device buffer that every graph's input tensors are views of (offsets in int32 elements):
 
-    [ row sources 2n | block tables s x w | context lens s | positions 2s | slots 2s | token ids ]
-                                                                                     ^ ids_offset
+    [ row sources 2n | block tables s x w | out slot 2 | context lens s | positions 2s | slots 2s | token ids ]
+                                                                                                 ^ ids_offset
 
-A graph of s rows reads the s context lengths, positions and slots that end at `ids_offset` and
-the first s token ids after it, so every section a step sends is contiguous with the next: the
-step copies the one slice from its first section up to `ids_offset` (+ its token ids). The block
+A graph of s rows reads the out slot, the s context lengths, positions and slots that end at
+`ids_offset` and the first s token ids after it, so every section a step sends is contiguous with
+the next: the step copies the one slice from its first section up to `ids_offset` (+ its token
+ids). The block
 tables are sent only when they changed, and moved into place by the device afterwards. Under
 async scheduling the token ids come from the previous step's sampled ids on the device instead,
 gathered through the row sources when the rows moved.
+
+The graphs' greedy tokens and logprobs go to the host without a copy: the sampling kernel writes
+them into host memory the device maps (pinned, under unified addressing), at the row of a small
+ring named by the out slot, as well as into the token ids above (the next step's inputs). The ring
+has a row for each step that can be in flight, and one more that a step which will not be read
+(its rows go through the Sampler instead) writes to. Off CUDA (the CPU tests) the ring is ordinary
+host memory.
 
 The int64 inputs (token ids, positions, slots) are pairs of int32 viewed as int64: the host writes
 (value, 0), low word first, which is their little-endian encoding (every CUDA and ROCm host is
@@ -35,6 +43,14 @@ def _even(n: int) -> int:
     return n + (n & 1)
 
 
+# whether the graphs write their tokens to mapped host memory (else they are copied); ROCm's
+# pinned memory is device-accessible too, but this path is untested there
+MAPPED_OUT = torch.version.hip is None
+# ring rows for the sampled tokens of graph steps in flight: the engine has at most two launched
+# and not collected (async scheduling); more is slack, and a step finding none free uses copies
+OUT_SLOTS = 4
+
+
 def _pairs(values: list[int]) -> list[int]:
     """int64 values (each < 2**31) as the int32 pairs of their little-endian encoding."""
     return [half for v in values for half in (v, 0)]
@@ -51,11 +67,18 @@ class DecodeInputs:
         # inputs of one still in flight (a single reused pinned buffer would race)
         self.pin = device.type == "cuda"
         # the widest step: every section at max_rows, each padded to an even length
-        self.ids_offset = 2 * max_rows + _even(max_rows * max_blocks) + _even(max_rows) + 4 * max_rows
+        self.ids_offset = 2 * max_rows + _even(max_rows * max_blocks) + 2 + _even(max_rows) + 4 * max_rows
         self.buffer = torch.zeros(self.ids_offset + 2 * max_rows, dtype=torch.int32, device=device)
         # [max_rows] int64: the graphs' input token ids, and where they write their greedy tokens
         self.token_ids = self.buffer[self.ids_offset :].view(torch.int64)
         self.logprobs = torch.zeros(max_rows, dtype=torch.float32, device=device)  # greedy logprobs
+        # [OUT_SLOTS + 1, max_rows] each, in host memory the graphs write (see the module doc);
+        # the last row takes the tokens of steps nobody reads from here
+        self.mapped = MAPPED_OUT
+        ring = dict(size=(OUT_SLOTS + 1, max_rows), pin_memory=self.pin)
+        self.host_token_ids = torch.zeros(**ring, dtype=torch.int64)
+        self.host_logprobs = torch.zeros(**ring, dtype=torch.float32)
+        self._free_slots = list(range(OUT_SLOTS))
         # [max_rows, max_blocks]: rows are as wide as the longest context, so a step's block tables
         # ([n, w], w = its longest table) are sent compact and copied into place on the device
         self.block_tables = torch.full((max_rows, max_blocks), scratch_block, dtype=torch.int32, device=device)
@@ -65,7 +88,8 @@ class DecodeInputs:
 
     # ---- the views a graph of `size` rows captures -------------------------------------------
     def _offsets(self, size: int) -> tuple[int, int, int]:
-        """(context lens, positions, slots) offsets for a graph of `size` rows."""
+        """(context lens, positions, slots) offsets for a graph of `size` rows; the out slot is the
+        two int32 before the context lens."""
         slots = self.ids_offset - 2 * size
         positions = slots - 2 * size
         return positions - _even(size), positions, slots
@@ -84,13 +108,33 @@ class DecodeInputs:
         )
         return self.token_ids[:size], self.buffer[pos : pos + 2 * size].view(torch.int64), batch
 
+    def host_out(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a graph of `size` rows writes its greedy tokens to on the host: (out slot [1]
+        int32 on the device, token ids [OUT_SLOTS + 1, size], logprobs [OUT_SLOTS + 1, size])."""
+        ctx = self._offsets(size)[0]
+        return self.buffer[ctx - 2 : ctx - 1], self.host_token_ids[:, :size], self.host_logprobs[:, :size]
+
+    def take_slot(self) -> int | None:
+        """A free ring row for a step whose tokens will be read from it, or None (none free)."""
+        return self._free_slots.pop() if self._free_slots else None
+
+    def release_slot(self, slot: int) -> None:
+        """Gives back a ring row once its step's tokens were read."""
+        assert slot not in self._free_slots and 0 <= slot < OUT_SLOTS
+        self._free_slots.append(slot)
+
     # ---- one step --------------------------------------------------------------------------
     def fill(
-        self, seqs: list[Sequence], size: int, prev: tuple[torch.Tensor, list[int]] | None = None
+        self,
+        seqs: list[Sequence],
+        size: int,
+        prev: tuple[torch.Tensor, list[int]] | None = None,
+        slot: int | None = None,
     ) -> None:
         """Writes a decode step's inputs for a graph of `size` rows: row i decodes seqs[i] (the
         token at its position num_computed_tokens); rows past len(seqs) are padding that attends
-        to one token of the scratch block and writes its K/V there.
+        to one token of the scratch block and writes its K/V there. The graph writes its greedy
+        tokens to ring row `slot` on the host (None: to the row nobody reads).
 
         With `prev` = (sampled ids on the device, source rows), row i's token is sampled_ids[
         source_rows[i]] instead of one from the host (async scheduling: the host has not seen it
@@ -104,7 +148,7 @@ class DecodeInputs:
         tables_at = len(head)
         tables, width = self._changed_tables(seqs, size)
         head += tables
-        tail = self._row_inputs(seqs, size, with_ids=prev is None)
+        tail = [OUT_SLOTS if slot is None else slot, 0] + self._row_inputs(seqs, size, with_ids=prev is None)
         end = self.ids_offset + (2 * size if prev is None else 0)
         start = end - len(head) - len(tail)
         host = torch.tensor(head + tail, dtype=torch.int32, pin_memory=self.pin)

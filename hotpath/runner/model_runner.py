@@ -43,6 +43,7 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [len(sampling)] int64 on the device: the next step's inputs
     host: list[torch.Tensor | None]  # token ids, logprobs, top ids, top logprobs, copied to the host
     done: torch.cuda.Event | None  # recorded after those copies (None off CUDA: already there)
+    out_slot: int | None = None  # the decode inputs' host ring row `host` views, freed on collect
 
     def rows_of(self, seqs: list[Sequence]) -> list[int]:
         """The rows that sampled these sequences' tokens in this step."""
@@ -224,11 +225,19 @@ class ModelRunner:
         token lists that lack the pending tokens."""
         graph_size = self._graph_size(scheduled)
         if graph_size:
-            logits = self._run_decode_graph(scheduled, graph_size, prev)
             sampling = [seq for seq, _ in scheduled]
-            if all(is_plain_greedy(seq) for seq in sampling):  # the graph sampled already
-                n = len(sampling)
-                inputs = self.decode_inputs
+            inputs = self.decode_inputs
+            plain = all(is_plain_greedy(seq) for seq in sampling)  # the graph samples them
+            slot = inputs.take_slot() if plain and inputs.mapped else None
+            logits = self._run_decode_graph(scheduled, graph_size, prev, slot)
+            n = len(sampling)
+            if slot is not None:  # the graph writes the tokens to the host itself
+                host = [inputs.host_token_ids[slot, :n], inputs.host_logprobs[slot, :n], None, None]
+                done = torch.cuda.Event() if self.device.type == "cuda" else None
+                if done is not None:
+                    done.record()
+                return LaunchedStep(scheduled, sampling, inputs.token_ids[:n], host, done, slot)
+            if plain:
                 return self._launched(scheduled, sampling, inputs.token_ids[:n], inputs.logprobs[:n])
         else:
             input_ids, positions, batch, sampling = self._prepare(scheduled, prev)
@@ -280,6 +289,8 @@ class ModelRunner:
             return {}
         token_ids, logprobs, top_ids, top_logprobs = step.host
         ids, lps = token_ids.tolist(), logprobs.tolist()
+        if step.out_slot is not None:
+            self.decode_inputs.release_slot(step.out_slot)
         top_ids = top_ids.tolist() if top_ids is not None else None
         top_vals = top_logprobs.tolist() if top_logprobs is not None else None
         result = {}
@@ -326,22 +337,23 @@ class ModelRunner:
         # kernels size their grids from max_context_len; the longest context keeps every replay valid
         input_ids, positions, batch = inputs.views(bs, self.engine_config.max_model_len)
 
+        host_out = inputs.host_out(bs) if inputs.mapped else None
+
         def forward() -> torch.Tensor:
             hidden = self.model(input_ids, positions, batch)
             logits = self.model.compute_logits(hidden)  # [bs, vocab]
-            greedy_sample(logits, out=(inputs.token_ids[:bs], inputs.logprobs[:bs]))
+            greedy_sample(logits, out=(inputs.token_ids[:bs], inputs.logprobs[:bs]), host_out=host_out)
             return logits
 
         return forward
 
     def _run_decode_graph(
-        self, scheduled: list[tuple[Sequence, int]], size: int, prev: LaunchedStep | None = None
+        self, scheduled: list[tuple[Sequence, int]], size: int, prev: LaunchedStep | None, slot: int | None
     ) -> torch.Tensor:
         seqs = [seq for seq, _ in scheduled]
-        if prev is None:
-            self.decode_inputs.fill(seqs, size)
-        else:  # every input token is one prev sampled (they come only from pipelined decodes)
-            self.decode_inputs.fill(seqs, size, (prev.token_ids, prev.rows_of(seqs)))
+        # every pending input token is one prev sampled (they come only from pipelined decodes)
+        sources = None if prev is None else (prev.token_ids, prev.rows_of(seqs))
+        self.decode_inputs.fill(seqs, size, sources, slot)
         graph, logits = self.graphs[size]
         graph.replay()
         return logits[: len(seqs)]

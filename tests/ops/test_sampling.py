@@ -70,6 +70,54 @@ def test_interpreter_writes_into_out(interpreter, poisoned):
     assert torch.equal(ids[:4], logits.argmax(-1)) and not ids[4:].any()
 
 
+def host_out_case(rows: int, device: str):
+    """Logits, a ring of 4 host rows (wider than the batch, poisoned) and the slot 2 on `device`."""
+    logits = torch.randn(rows, 3000, device=device) * 4
+    pin = device == "cuda"
+    ring = (torch.full((4, rows + 3), -7, dtype=torch.int64, pin_memory=pin),
+            torch.full((4, rows + 3), float("nan"), pin_memory=pin))
+    return logits, torch.tensor([2], dtype=torch.int32, device=device), ring
+
+
+def check_host_out(logits, slot, ring) -> None:
+    """The kernel's tokens in ring row 2, the same as its device outputs; nothing else written."""
+    rows = logits.shape[0]
+    ids, logprobs = sampling.greedy_sample(logits, host_out=(slot, ring[0][:, :rows], ring[1][:, :rows]))
+    if logits.is_cuda:
+        torch.cuda.synchronize()
+    assert torch.equal(ring[0][2, :rows], ids.cpu()) and torch.equal(ring[1][2, :rows], logprobs.cpu())
+    assert torch.equal(ids.cpu(), logits.argmax(-1).cpu())
+    rest = torch.ones(4, rows + 3, dtype=torch.bool)
+    rest[2, :rows] = False
+    assert (ring[0][rest] == -7).all() and ring[1][rest].isnan().all()
+
+
+def test_interpreter_writes_the_host_ring(interpreter):
+    check_host_out(*host_out_case(3, "cpu"))
+
+
+def test_reference_writes_the_host_ring():
+    check_host_out(*host_out_case(3, "cpu"))
+
+
+@cuda
+@pytest.mark.parametrize("rows", [1, 5])
+def test_cuda_writes_mapped_host_memory(rows, gpu_triton):
+    """The kernel stores straight into pinned host memory, in a CUDA graph as the decode graphs do."""
+    logits, slot, ring = host_out_case(rows, "cuda")
+    check_host_out(logits, slot, ring)  # compiles outside the capture
+    ring[0].fill_(-7)
+    ring[1].fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, logprobs = sampling.greedy_sample(logits, host_out=(slot, ring[0][:, :rows], ring[1][:, :rows]))
+    logits.copy_(torch.randn_like(logits))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(ring[0][2, :rows], logits.argmax(-1).cpu())
+    torch.testing.assert_close(ring[1][2, :rows], logprobs.cpu(), rtol=0, atol=0)
+
+
 @cuda
 def test_cuda_nan_row_gives_an_index_in_range(gpu_triton):
     # (not under the interpreter: it reduces all-NaN slices with numpy, which raises)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hotpath import LLM, SamplingParams
+from hotpath.runner.decode_inputs import OUT_SLOTS
 
 MODEL = "qwen3-gqa8-untied-hd"
 
@@ -93,17 +94,25 @@ def test_async_scheduling_through_the_graphs(prompts, monkeypatch):
     kinds = []
     fill = inputs.fill
 
-    def fill_and_record(seqs, size, prev=None):
+    slots = []
+
+    def fill_and_record(seqs, size, prev=None, slot=None):
         if prev is not None:
             ids, rows = prev
             in_place = rows == list(range(len(seqs)))
             graph = ids.data_ptr() == inputs.token_ids.data_ptr()
             kinds.append("eager" if not graph else "in place" if in_place else "gathered")
-        fill(seqs, size, prev)
+        slots.append(slot)
+        fill(seqs, size, prev, slot)
 
     monkeypatch.setattr(inputs, "fill", fill_and_record)
     assert generate(llm, ps * 2, params) == want
     assert set(kinds) == {"eager", "in place", "gathered"}
+    # tokens came back through the host ring, two steps in flight at a time; every row is given
+    # back but that of the step still in flight (the run's last, of finished sequences only)
+    assert set(slots) == {OUT_SLOTS - 1, OUT_SLOTS - 2}
+    held = llm.engine._in_flight.out_slot
+    assert sorted(inputs._free_slots + [held]) == list(range(OUT_SLOTS))
 
 
 def test_async_scheduling_with_decodes_the_budget_left_out(prompts):
@@ -121,8 +130,10 @@ def test_cuda_graph_greedy_matches_the_sampler(prompts, dtype):
     """The Triton argmax + logprob captured in the graph against the eager Sampler on the same
     graph logits (logprobs=1 sends a row through the Sampler)."""
     path, ps = prompts
+    # a fixed cache: sized from free memory, each LLM of the test process (and of parallel test
+    # workers) would take 90% of what the others left, and the second found none
     llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype=dtype, max_model_len=256,
-              max_num_seqs=8)
+              max_num_seqs=8, num_gpu_blocks_override=64)
     assert llm.engine.runner.graphs
     top1 = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
     for plain, sampled in zip(generate(llm, ps, PLAIN), generate(llm, ps, top1)):

@@ -4,7 +4,7 @@ values the step meant, whatever the graph size, the batch before it and the tabl
 import torch
 
 from hotpath.engine.sequence import Sequence
-from hotpath.runner.decode_inputs import DecodeInputs
+from hotpath.runner.decode_inputs import OUT_SLOTS, DecodeInputs
 from hotpath.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -88,3 +88,22 @@ def test_token_ids_from_the_previous_step():
     assert ids.tolist() == [9, 7]
     check_positions = inputs.views(2, max_context_len=64)[1]
     assert check_positions.tolist() == [b.num_computed_tokens, c.num_computed_tokens]
+
+
+def test_out_slot_reaches_every_graph_size():
+    """The host ring row a step names is what its graph's sampling reads, whatever the size; a
+    step that names none writes to the spare row; rows go out and come back one at a time."""
+    inputs = DecodeInputs(max_rows=8, max_blocks=6, scratch_block=SCRATCH, block_size=BLOCK,
+                          device=torch.device("cpu"))
+    a, b, c = (seq(i, [5, 6, 7], [8], [3 + i]) for i in range(3))
+    taken = [inputs.take_slot() for _ in range(OUT_SLOTS)]
+    assert sorted(taken) == list(range(OUT_SLOTS)) and inputs.take_slot() is None
+    for size, slot in ((4, taken[0]), (1, taken[1]), (8, None)):
+        seqs = [a, b, c][: min(size, 3)]
+        inputs.fill(seqs, size, slot=slot)
+        check(inputs, seqs, size)
+        slot_view, host_ids, host_logprobs = inputs.host_out(size)
+        assert slot_view.item() == (OUT_SLOTS if slot is None else slot)
+        assert host_ids.shape == host_logprobs.shape == (OUT_SLOTS + 1, size)
+    inputs.release_slot(taken[1])
+    assert inputs.take_slot() == taken[1]

@@ -11,13 +11,15 @@ from hotpath.ops.sampling import reference
 
 
 def greedy_sample(
-    logits: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+    logits: torch.Tensor,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    host_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if backend.use_triton(logits):
         from hotpath.ops.sampling import triton as kernels
 
-        return kernels.greedy_sample(logits, out)
-    return reference.greedy_sample(logits, out)
+        return kernels.greedy_sample(logits, out, host_out)
+    return reference.greedy_sample(logits, out, host_out)
 
 
 __all__ = ["greedy_sample"]

@@ -5,6 +5,10 @@ over many SMs: each program reduces one chunk to (max, index of the first max, s
 then one program per row combines its chunks. Both reductions keep the lowest index among equal
 maxima (within a chunk through Triton's left tie-break, across chunks by taking the smallest
 index whose chunk holds the row maximum), so the token equals torch.argmax's.
+
+With `host_out` the combine also writes each row's token and logprob into host memory the device
+maps (pinned, under unified addressing), at the ring row a device scalar names: a decode graph's
+tokens reach the host without copies on the stream behind it (runner/decode_inputs.py).
 """
 
 from __future__ import annotations
@@ -62,9 +66,14 @@ def _combine_kernel(
     sum_ptr,
     token_ptr,
     logprob_ptr,
+    slot_ptr,  # [1] int32: the host ring row (HOST_OUT)
+    host_token_ptr,  # [slots, stride_host] int64 in mapped host memory (HOST_OUT)
+    host_logprob_ptr,  # [slots, stride_host] float32 (HOST_OUT)
+    stride_host,
     vocab,
     num_chunks,
     BLOCK_CHUNKS: tl.constexpr,
+    HOST_OUT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_CHUNKS)
@@ -80,13 +89,19 @@ def _combine_kernel(
     # a row with NaN matches no maximum; keep the index in range so an embedding lookup of it
     # (the next step's input under async scheduling) cannot read out of bounds
     token = tl.minimum(token, vocab - 1)
+    logprob = row_max - (shift + tl.log(total))
     tl.store(token_ptr + row, token.to(tl.int64))
-    tl.store(logprob_ptr + row, row_max - (shift + tl.log(total)))
+    tl.store(logprob_ptr + row, logprob)
+    if HOST_OUT:
+        at = tl.load(slot_ptr).to(tl.int64) * stride_host + row
+        tl.store(host_token_ptr + at, token.to(tl.int64))
+        tl.store(host_logprob_ptr + at, logprob)
 
 
 def greedy_sample(
     logits: torch.Tensor,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    host_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     chunk: int = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """See hotpath.ops.sampling.reference.greedy_sample; `chunk` (a multiple of the load block,
@@ -109,8 +124,14 @@ def greedy_sample(
         logits, chunk_max, chunk_index, chunk_sum, vocab, logits.stride(0), num_chunks,
         CHUNK=chunk, BLOCK=block, num_warps=4,
     )
+    if host_out is None:
+        slot, host_ids, host_logprobs = token_ids, token_ids, logprobs  # unused
+    else:
+        slot, host_ids, host_logprobs = host_out
+        assert host_ids.stride() == host_logprobs.stride() and host_ids.stride(1) == 1
     _combine_kernel[(rows,)](
-        chunk_max, chunk_index, chunk_sum, token_ids, logprobs, vocab, num_chunks,
-        BLOCK_CHUNKS=triton.next_power_of_2(num_chunks), num_warps=1 if num_chunks <= 128 else 4,
+        chunk_max, chunk_index, chunk_sum, token_ids, logprobs, slot, host_ids, host_logprobs,
+        host_ids.stride(0), vocab, num_chunks, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
+        HOST_OUT=host_out is not None, num_warps=1 if num_chunks <= 128 else 4,
     )
     return out
