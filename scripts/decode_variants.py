@@ -203,6 +203,9 @@ GEMV = {
     "8_o_n4w4": _gemv(r4096x4096=(4, 4096, 1, 4)),
     "8_o_n2w2": _gemv(r4096x4096=(2, 4096, 1, 2)),
     "8_o_n2w4": _gemv(r4096x4096=(2, 4096, 1, 4)),
+    # Qwen3-32B's o_proj (K = 8192) walking two 4096-wide tiles unsplit, as 8_down_k4096s1 does
+    # 8B's down_proj (K = 12288) in three
+    "32_o_k4096s1": _gemv(r5120x8192=(8, 4096, 1, 8)),
     # Qwen3-32B (qkv 10240x5120, o 5120x8192, gate_up 51200x5120, down 5120x25600) under run E's
     # rule: 2048-wide tiles over 8 warps, no split
     "32_old_rule": _gemv(r10240x5120=(8, 2048, 1, 8), r5120x8192=(8, 2048, 1, 8),
