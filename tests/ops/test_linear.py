@@ -169,8 +169,9 @@ def test_interpreter_default_config(interpreter, poisoned):
 
 def test_gemv_config_at_one_row():
     """At M = 1: all of K in one tile, unsplit, up to WHOLE_K, or in two where K is WHOLE_K
-    and a power of 2 up to WHOLE_K / 4; longer K walks narrower tiles and may be split (the
-    CPU stand-in has 4 SMs)."""
+    and a power of 2 up to WHOLE_K / 4; a multiple of WHOLE_K walks WHOLE_K-wide tiles unsplit
+    where the rows fill the SMs; other long K walks narrower tiles and may be split (the CPU
+    stand-in has 4 SMs)."""
     from hotpath.ops.linear import triton_gemv
 
     cpu = torch.device("cpu")
@@ -180,10 +181,13 @@ def test_gemv_config_at_one_row():
     two = triton_gemv.choose_config(1, 4096, 5120, cpu)
     assert (two.block_k, two.tail_k, two.split_k) == (4096, 1024, 1)
     assert triton_gemv.choose_config(1, 4096, 6144, cpu).tail_k == 0
-    long_k = triton_gemv.choose_config(1, 4096, 12288, cpu)  # 512 N tiles fill 4 SMs: no split
+    walk = triton_gemv.choose_config(1, 4096, 12288, cpu)  # 512 N tiles fill 4 SMs
+    assert (walk.block_k, walk.tail_k, walk.split_k, walk.num_warps) == (triton_gemv.WHOLE_K, 0, 1, 8)
+    long_k = triton_gemv.choose_config(1, 4096, 25600, cpu)  # not a multiple: no split either
     assert long_k.block_k < triton_gemv.WHOLE_K and long_k.split_k == 1
-    narrow = triton_gemv.choose_config(1, 8, 12288, cpu)  # one N tile
-    assert narrow.split_k > 1
+    for K in (12288, 25600):
+        narrow = triton_gemv.choose_config(1, 8, K, cpu)  # one N tile
+        assert narrow.block_k < triton_gemv.WHOLE_K and narrow.split_k > 1
 
 
 def test_interpreter_split_counters_reset(interpreter):
@@ -245,9 +249,10 @@ def test_reference_is_f_linear():
 
 
 # ---- GPU -----------------------------------------------------------------------------------------
-# odd shapes (N and K off every tile size), Qwen3-0.6B's projections, a Qwen3-8B one, a
-# Qwen3-32B one (K in two tiles at one row)
-GPU_SHAPES = [(33, 1000), (1000, 2050), (4096, 1024), (1024, 3072), (6144, 4096), (10240, 5120)]
+# odd shapes (N and K off every tile size), Qwen3-0.6B's projections, a Qwen3-8B one, two
+# Qwen3-32B ones (K in two tiles at one row; K walked in two whole-K tiles)
+GPU_SHAPES = [(33, 1000), (1000, 2050), (4096, 1024), (1024, 3072), (6144, 4096), (10240, 5120),
+              (5120, 8192)]
 
 
 @cuda

@@ -118,7 +118,10 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # there the back-to-back sweeps' choice stands: 8 x 1024 tiles (16 KB, 56 registers, many
     # programs per SM), or 8 x 2048 over 8 warps where that needs no K split or the weight is
     # short, K split to fill the SMs. Walking 4096-wide tiles instead (one 8-warp program per SM)
-    # made Qwen3-32B's step 25% slower and 8B's down_proj 0.3% faster.
+    # made Qwen3-32B's step 25% slower and 8B's down_proj 0.3% faster (run F), the slowdown from
+    # the partly masked last tile of K = 5120 and 25600; where K is a whole number of 4096-wide
+    # tiles they walk unsplit where the rows give every SM a program (run J: Qwen3-8B's down_proj,
+    # K = 12288, 0.4% of the step; Qwen3-32B's o_proj, K = 8192, 1%).
     # K = WHOLE_K + a power of 2 up to WHOLE_K / 4 (Qwen3-32B's and Qwen2.5-32B's 5120 = 4096 +
     # 1024) is whole too, in two tiles (run H: both 32B steps 6% faster than walking 2048-wide
     # tiles; the LM head alone 0.15% slower). Not below WHOLE_K: Qwen3-0.6B's down_proj (K =
@@ -134,6 +137,8 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
             few = triton.cdiv(N, block_n) <= PROGRAMS_PER_SM * sm_count(device)
             num_warps = 8 if block_k >= 2048 or few else 4
             return GemvConfig(block_n, block_k, 1, num_warps, num_stages, use_dot)
+        if K % WHOLE_K == 0 and triton.cdiv(N, block_n) >= sm_count(device):
+            return GemvConfig(block_n, WHOLE_K, 1, 8, num_stages, use_dot)
         block_k, num_warps = 1024, 4
         if N <= 2048 or split_for(triton.cdiv(N, block_n), K, 2048, device) == 1:
             block_k, num_warps = 2048, 8
