@@ -84,6 +84,7 @@ MIN_MERGE_SPLITS = 16
 MERGE_KERNEL_MAX_TOKENS = 1
 # splits the merge kernel reads a round (fp32 [32, 128]: 32 registers a thread at 4 warps)
 MERGE_KERNEL_SPLITS = 32
+MERGE_KERNEL_WARPS = 4
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
 
@@ -550,6 +551,6 @@ def paged_attention(
             part_out, part_lse, context_lens, out, num_heads, num_splits, out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n,
             BLOCK_S=min(next_power_of_2(num_splits), MERGE_KERNEL_SPLITS), USE_PDL=use_pdl,
-            num_warps=4, launch_pdl=use_pdl,
+            num_warps=MERGE_KERNEL_WARPS, launch_pdl=use_pdl,
         )
     return out
