@@ -217,9 +217,9 @@ GEMV = {
 # its last split to finish, as before run I, rather than in the merge kernel
 PATCHES: dict[str, list[tuple[object, str, object]]] = {
     "merge_in_attention": [(triton_decode, "MERGE_KERNEL_MAX_TOKENS", 0)],
-    # the merge kernel over 1 or 2 warps (its reduction over the splits without shared memory)
+    # the merge kernel over 1 or 4 warps (2 since run J)
     "merge_w1": [(triton_decode, "MERGE_KERNEL_WARPS", 1)],
-    "merge_w2": [(triton_decode, "MERGE_KERNEL_WARPS", 2)],
+    "merge_w4": [(triton_decode, "MERGE_KERNEL_WARPS", 4)],
 }
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 

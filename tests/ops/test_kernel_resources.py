@@ -40,6 +40,6 @@ def test_register_ceilings(table):
     assert table["attention, batch 1 (splits)"][0] <= 192, table
     # qkv, gate_up and o_proj take all of K = 4096 in one 8 x 4096 tile over 8 warps: one program
     # an SM whatever they take up to the 255 a thread can have (measured fastest in the decode
-    # graph, run F), so only spills matter for them. down_proj (K = 12288) walks 8 x 1024 tiles
-    # over 4 warps, many programs an SM: at most 128 registers keeps 4 of them
+    # graph, run F), so only spills matter for them. down_proj (K = 12288) walks three 8 x 4096
+    # tiles over 8 warps (run J): at most 128 registers keeps two of its programs on an SM
     assert table["gemv down"][0] <= 128, table

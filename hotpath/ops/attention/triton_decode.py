@@ -82,9 +82,11 @@ MIN_MERGE_SPLITS = 16
 # calls 8-14; run E's separate merge, a program per kv head, had been slower). Larger calls keep
 # the merge here (unmeasured).
 MERGE_KERNEL_MAX_TOKENS = 1
-# splits the merge kernel reads a round (fp32 [32, 128]: 32 registers a thread at 4 warps)
+# splits the merge kernel reads a round (fp32 [32, 128]: 64 registers a thread at 2 warps)
 MERGE_KERNEL_SPLITS = 32
-MERGE_KERNEL_WARPS = 4
+# Two warps rather than four: the Qwen3-8B step 1.3% faster, 0.6B 0.3% (one warp: 8B the same,
+# 0.6B 2.7% slower; H200, run J call 5)
+MERGE_KERNEL_WARPS = 2
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
 
