@@ -18,6 +18,7 @@ from hotpath.bench import latency
 from hotpath.bench.presets import preset_dir
 from hotpath.engine.engine import Engine
 from hotpath.runner import decode_inputs
+from hotpath.sampling_params import SamplingParams
 
 
 def build(preset: str, mapped: bool, input_len: int, output_len: int) -> Engine:
@@ -76,7 +77,7 @@ def main() -> None:
     for name, engine in engines.items():
         # a sequence to replay: one request left decoding
         engine.add_request("replay", {"prompt_token_ids": prompt[0]},
-                           latency.SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+                           SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
         for _ in range(4):
             engine.step()
         result[f"{name}_replay_us"] = replay_us(engine, False)

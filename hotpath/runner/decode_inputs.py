@@ -4,16 +4,15 @@ A decode step's inputs are a few ints per row (token id, position, cache slot, c
 plus the block tables. They are built as one host list and sent in one copy into one int32
 device buffer that every graph's input tensors are views of (offsets in int32 elements):
 
-    [ row sources 2n | block tables s x w | out slot 2 | context lens s | positions 2s | slots 2s | token ids ]
-                                                                                                 ^ ids_offset
+    [ row sources 2n | block tables s x w | out slot 2 | context lens s | positions 2s | slots 2s |
+      token ids ]   (token ids start at `ids_offset`)
 
 A graph of s rows reads the out slot, the s context lengths, positions and slots that end at
 `ids_offset` and the first s token ids after it, so every section a step sends is contiguous with
 the next: the step copies the one slice from its first section up to `ids_offset` (+ its token
-ids). The block
-tables are sent only when they changed, and moved into place by the device afterwards. Under
-async scheduling the token ids come from the previous step's sampled ids on the device instead,
-gathered through the row sources when the rows moved.
+ids). The block tables are sent only when they changed, and moved into place by the device
+afterwards. Under async scheduling the token ids come from the previous step's sampled ids on the
+device instead, gathered through the row sources when the rows moved.
 
 The graphs' greedy tokens and logprobs go to the host without a copy: the sampling kernel writes
 them into host memory the device maps (pinned, under unified addressing), at the row of a small

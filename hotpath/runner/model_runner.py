@@ -230,15 +230,10 @@ class ModelRunner:
             plain = all(is_plain_greedy(seq) for seq in sampling)  # the graph samples them
             slot = inputs.take_slot() if plain and inputs.mapped else None
             logits = self._run_decode_graph(scheduled, graph_size, prev, slot)
-            n = len(sampling)
-            if slot is not None:  # the graph writes the tokens to the host itself
-                host = [inputs.host_token_ids[slot, :n], inputs.host_logprobs[slot, :n], None, None]
-                done = torch.cuda.Event() if self.device.type == "cuda" else None
-                if done is not None:
-                    done.record()
-                return LaunchedStep(scheduled, sampling, inputs.token_ids[:n], host, done, slot)
             if plain:
-                return self._launched(scheduled, sampling, inputs.token_ids[:n], inputs.logprobs[:n])
+                n = len(sampling)
+                return self._launched(scheduled, sampling, inputs.token_ids[:n], inputs.logprobs[:n],
+                                      out_slot=slot)
         else:
             input_ids, positions, batch, sampling = self._prepare(scheduled, prev)
             hidden = self.model(input_ids, positions, batch)
@@ -268,18 +263,27 @@ class ModelRunner:
         logprobs: torch.Tensor,  # [num_sampled] float32
         top_ids: torch.Tensor | None = None,  # [num_sampled, k] int64
         top_logprobs: torch.Tensor | None = None,  # [num_sampled, k] float32
+        out_slot: int | None = None,
     ) -> LaunchedStep:
-        """Starts copying the sampled tensors to the host behind the step's work on the stream."""
+        """Starts copying the sampled tensors to the host behind the step's work on the stream;
+        for a graph step that writes them into the decode inputs' host ring row `out_slot`
+        itself, only marks the step's end."""
         outputs = [token_ids, logprobs, top_ids, top_logprobs]
-        if self.device.type != "cuda":  # copies, since the graph outputs are rewritten next step
+        on_cuda = self.device.type == "cuda"
+        if out_slot is not None:
+            n = len(sampling)
+            inputs = self.decode_inputs
+            host = [inputs.host_token_ids[out_slot, :n], inputs.host_logprobs[out_slot, :n], None, None]
+        elif not on_cuda:  # copies, since the graph outputs are rewritten next step
             host = [t.clone() if t is not None else None for t in outputs]
-            return LaunchedStep(scheduled, sampling, token_ids, host, None)
-        # fresh pinned tensors: the caching host allocator reuses one only after its copy is done
-        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-                if t is not None else None for t in outputs]
-        done = torch.cuda.Event()
-        done.record()
-        return LaunchedStep(scheduled, sampling, token_ids, host, done)
+        else:
+            # fresh pinned tensors: the caching host allocator reuses one only after its copy is done
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                    if t is not None else None for t in outputs]
+        done = torch.cuda.Event() if on_cuda else None
+        if done is not None:
+            done.record()
+        return LaunchedStep(scheduled, sampling, token_ids, host, done, out_slot)
 
     def collect(self, step: LaunchedStep) -> dict[int, SampledToken]:
         """Waits for a launched step's tokens; returns each sampling sequence's token, by seq_id."""
