@@ -203,6 +203,11 @@ GEMV = {
     "8_o_n4w4": _gemv(r4096x4096=(4, 4096, 1, 4)),
     "8_o_n2w2": _gemv(r4096x4096=(2, 4096, 1, 2)),
     "8_o_n2w4": _gemv(r4096x4096=(2, 4096, 1, 4)),
+    # Qwen3-0.6B's o_proj and down_proj again, with the merge kernel before o_proj (run J)
+    "06_o_w4": _gemv(r1024x2048=(8, 2048, 1, 4)),
+    "06_o_n4w4": _gemv(r1024x2048=(4, 2048, 1, 4)),
+    "06_o_n16": _gemv(r1024x2048=(16, 2048, 1, 8)),
+    "06_down_n4whole": _gemv(r1024x3072=(4, 4096, 1, 8)),
     # Qwen3-32B's o_proj (K = 8192) walking two 4096-wide tiles unsplit, as 8_down_k4096s1 does
     # 8B's down_proj (K = 12288) in three
     "32_o_k4096s1": _gemv(r5120x8192=(8, 4096, 1, 8)),
