@@ -39,4 +39,6 @@ fi
 if [[ $what == *" profile "* ]]; then
   python3 scripts/profile_decode.py --preset qwen3-0.6b --out "$OUT" | tail -30
   python3 scripts/profile_decode.py --preset qwen3-8b --out "$OUT" | head -3
+  # the bench's TPOT against its graph's replay, with the sampled tokens mapped or copied back
+  python3 scripts/step_overhead.py --preset qwen3-0.6b --out "$OUT" | tail -2
 fi
