@@ -62,20 +62,6 @@ def _fused(**launch):
     return attend
 
 
-def _merge_rule(**constants):
-    """The fused kernel with other merge constants of triton_decode (split chunk per round)."""
-    def attend(*args):
-        kept = {name: getattr(triton_decode, name) for name in constants}
-        for name, value in constants.items():
-            setattr(triton_decode, name, value)
-        try:
-            return _fused()(*args)
-        finally:
-            for name, value in kept.items():
-                setattr(triton_decode, name, value)
-    return attend
-
-
 def _unfused(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_w, k_norm_w, eps,
              cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len):
     """The two-kernel path: QK-norm, RoPE and the cache write, then attention."""
@@ -116,10 +102,6 @@ ATTENTION = {
     "splits17_bn32": _fused(num_splits=17, block_n=32),
     "splits32_bn32": _fused(num_splits=32, block_n=32),
     "splits66": _fused(num_splits=66, block_n=64),
-    # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round took two rounds for 9 splits
-    # (run H call 4); merge_min1: the rule before MIN_MERGE_SPLITS
-    "merge16k": _merge_rule(MERGE_ELEMENTS=16384),
-    "merge_min1": _merge_rule(MIN_MERGE_SPLITS=1),
 }
 # The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
 GEMV = {
@@ -221,7 +203,11 @@ GEMV = {
 # add entries and call main()). merge_in_attention: batch-1 decode attention merging its splits in
 # its last split to finish, as before run I, rather than in the merge kernel
 PATCHES: dict[str, list[tuple[object, str, object]]] = {
-    "merge_in_attention": [(triton_decode, "MERGE_KERNEL_MAX_TOKENS", 0)],
+    "merge_in_attention": [(triton_decode, "MERGE_KERNEL", False)],
+    # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round took two rounds for 9 splits
+    # (run H call 4); merge_min1: the rule before MIN_MERGE_SPLITS
+    "merge16k": [(triton_decode, "MERGE_ELEMENTS", 16384)],
+    "merge_min1": [(triton_decode, "MIN_MERGE_SPLITS", 1)],
     # the merge kernel over 1 or 4 warps (2 since run J)
     "merge_w1": [(triton_decode, "MERGE_KERNEL_WARPS", 1)],
     "merge_w4": [(triton_decode, "MERGE_KERNEL_WARPS", 4)],

@@ -75,13 +75,13 @@ MERGE_ELEMENTS = 8192
 # 8 q heads a kv head (Qwen3-32B; Qwen2.5-32B's 5 pad to 8) one round for 9 splits instead of
 # two made the 32B step 2% faster (H200, run H), at 207 registers rather than 166 (Triton 3.6)
 MIN_MERGE_SPLITS = 16
-# A call of at most this many query tokens (a batch-1 decode) merges its splits in a kernel of its
-# own, a program per head, rather than in the last split of each kv head to finish: the fence,
+# A call of one query token (a batch-1 decode) merges its splits in a kernel of its own, a program
+# per head, rather than in the last split of each kv head to finish (False: always there): the fence,
 # atomic counter and dependent read of the partials left the attention kernel's chain, and the
 # step was 1-2.6% faster at Qwen3-8B, 1.7-4.7% at Qwen3-0.6B and 0.9% at Qwen3-32B (H200, run I
 # calls 8-14; run E's separate merge, a program per kv head, had been slower). Larger calls keep
 # the merge here (unmeasured).
-MERGE_KERNEL_MAX_TOKENS = 1
+MERGE_KERNEL = True
 # splits the merge kernel reads a round (fp32 [32, 128]: 64 registers a thread at 2 warps)
 MERGE_KERNEL_SPLITS = 32
 # Two warps rather than four: the Qwen3-8B step 1.3% faster, 0.6B 0.3% (one warp: 8B the same,
@@ -160,6 +160,12 @@ def _norm_rope(x, xp, cos, sin, w, wp, d, eps, HAS_NORM: tl.constexpr, HALF: tl.
 
 
 @triton.jit
+def _split_len(ctx, num_splits, BLOCK_N: tl.constexpr):
+    """Keys per split for a context of `ctx`: whole tiles, spread over the splits."""
+    return tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -228,7 +234,7 @@ def _decode_split_kernel(
     q_len = tl.load(cu_query_lens_ptr + seq + 1) - q_start
     ctx = tl.load(context_lens_ptr + seq)
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N  # whole tiles per split
+    split_len = _split_len(ctx, num_splits, BLOCK_N)
     start = split * split_len
     end = tl.minimum(start + split_len, ctx)
     d = tl.arange(0, HEAD_DIM_PAD)
@@ -424,8 +430,7 @@ def _merge_head_kernel(
     pdl_launch_dependents(USE_PDL)
     head = tl.program_id(0)
     ctx = tl.load(context_lens_ptr)
-    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    used = tl.cdiv(ctx, split_len)  # the splits that hold context (the others store nothing)
+    used = tl.cdiv(ctx, _split_len(ctx, num_splits, BLOCK_N))  # the others store nothing
     pdl_wait(USE_PDL)
     _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, 0, 1, head, used, num_heads, num_splits,
                   0, stride_oh, tl.arange(0, HEAD_DIM_PAD), 1, 1, BLOCK_S, HEAD_DIM)
@@ -501,8 +506,8 @@ def paged_attention(
     if num_tokens == 0:
         return out
     direct = num_splits == 1
-    # one token with splits: the merge as a kernel of its own (see MERGE_KERNEL_MAX_TOKENS)
-    defer = not direct and num_tokens <= MERGE_KERNEL_MAX_TOKENS and num_seqs == 1
+    # one token with splits: the merge as a kernel of its own (see MERGE_KERNEL)
+    defer = MERGE_KERNEL and not direct and num_tokens == 1
     merge_m = next_power_of_2(max_query_len * group)
     counters = _counters(q.device)
     if direct:
