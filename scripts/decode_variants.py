@@ -1,5 +1,5 @@
-"""Variants of the batch-1 decode step, timed inside the real decode graph: the same engine's graph
-captured again with decode attention swapped (none at all; a kernel that only waits and copies
+"""Variants of the decode step (batch 1, or --batch-size B), timed inside the real decode graph:
+the same engine's graph captured again with decode attention swapped (none at all; a kernel that only waits and copies
 its input; the real kernel with other launch parameters) or with other GEMV tile configs for
 given weight shapes, every graph replayed in turn in one process, so the step times compare
 within one run (between runs the same code varies by 2-4%). What a kernel costs in the chain of
@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 import hotpath.layers.attention as layer_attention
+import hotpath.ops.linear as linear_ops
 from hotpath.ops.attention import triton_decode
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
@@ -211,6 +212,10 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # the merge kernel over 1 or 4 warps (2 since run J)
     "merge_w1": [(triton_decode, "MERGE_KERNEL_WARPS", 1)],
     "merge_w4": [(triton_decode, "MERGE_KERNEL_WARPS", 4)],
+    # steps of 2-4 rows (--batch-size) as before run K (GEMV_FMA_MAX_ROWS 1): cuBLAS on weights
+    # taller than wide or over 32 MB, so the unfused layer forward, tensor cores in the GEMV
+    "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
+    "fma2": [(linear_ops, "GEMV_FMA_MAX_ROWS", 2)],
 }
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 
@@ -221,15 +226,17 @@ def main() -> None:
     ap.add_argument("--out", default=".", help="directory for variants_<preset>.json")
     ap.add_argument("--rounds", type=int, default=5, help="times every graph is timed, in turn")
     ap.add_argument("--replays", type=int, default=200, help="graph replays a timing")
+    ap.add_argument("--batch-size", type=int, default=1, help="sequences decoded a step")
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
     names = ns.variants.split(",")
     known = ["full", *PATCHES, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
     if unknown := [n for n in names if n not in known]:
         raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(known)}")
-    engine = decoding_engine(ns.preset)
+    engine = decoding_engine(ns.preset, ns.batch_size)
     runner = engine.runner
-    seqs = [engine.scheduler.running[0]]
+    seqs = list(engine.scheduler.running)
+    assert len(seqs) == ns.batch_size
     num_layers = len(runner.model.model.layers)
     attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
     graphs = {}
@@ -245,9 +252,9 @@ def main() -> None:
         runner._capture_decode_graphs()
         for module, attr, value in kept:
             setattr(module, attr, value)
-        runner.decode_inputs.fill(seqs, 1)
+        runner.decode_inputs.fill(seqs, ns.batch_size)
         # the inputs stay referenced: every capture allocates its own
-        graphs[name] = (*runner.graphs[1], runner.decode_inputs)
+        graphs[name] = (*runner.graphs[ns.batch_size], runner.decode_inputs)
     layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the
@@ -270,7 +277,7 @@ def main() -> None:
             end.synchronize()
             times[name].append(start.elapsed_time(end) / ns.replays * 1e3)
     base = statistics.median(times["none"]) if "none" in times else None
-    result = {"preset": ns.preset, "layers": num_layers, "variants": {}}
+    result = {"preset": ns.preset, "batch_size": ns.batch_size, "layers": num_layers, "variants": {}}
     for name, ts in times.items():
         med = statistics.median(ts)
         row = {"step_us": med, "min_us": min(ts), "max_us": max(ts),
@@ -282,7 +289,8 @@ def main() -> None:
         result["variants"][name] = row
         print(line + f"  logits diff {row['logits_max_diff_vs_first']:.3g}")
     Path(ns.out).mkdir(parents=True, exist_ok=True)
-    (Path(ns.out) / f"variants_{ns.preset}.json").write_text(json.dumps(result, indent=1))
+    suffix = f"_b{ns.batch_size}" if ns.batch_size > 1 else ""
+    (Path(ns.out) / f"variants_{ns.preset}{suffix}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

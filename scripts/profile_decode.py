@@ -20,15 +20,16 @@ from hotpath.engine.engine import Engine
 from hotpath.sampling_params import SamplingParams
 
 
-def decoding_engine(preset: str) -> Engine:
-    """An engine (random weights at the preset's shape) 20 steps into decoding one sequence
-    after a 512-token prompt, with no step in flight (async scheduling off)."""
+def decoding_engine(preset: str, batch_size: int = 1) -> Engine:
+    """An engine (random weights at the preset's shape) 20 steps into decoding `batch_size`
+    sequences after a 512-token prompt each, with no step in flight (async scheduling off)."""
     engine = Engine(EngineArgs(model=str(preset_dir(preset)), load_format="dummy",
-                               skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=1,
-                               enable_prefix_caching=False, num_gpu_blocks_override=128,
+                               skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=batch_size,
+                               enable_prefix_caching=False, num_gpu_blocks_override=128 * batch_size,
                                async_scheduling=False))
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
-    engine.add_request("r", {"prompt_token_ids": list(range(100, 612))}, params)
+    for i in range(batch_size):
+        engine.add_request(f"r{i}", {"prompt_token_ids": list(range(100 + i, 612 + i))}, params)
     for _ in range(20):
         engine.step()
     return engine

@@ -86,18 +86,18 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def forward_one_row(
+    def forward_few_rows(
         self,
         positions: torch.Tensor,
-        h: torch.Tensor,  # [1, hidden], the residual stream, updated in place
-        sumsq: torch.Tensor | None,  # [T, 1] fp32 h's partial sums of squares (None: none yet)
+        h: torch.Tensor,  # [M, hidden], the residual stream, updated in place
+        sumsq: torch.Tensor | None,  # [T, M] fp32 h's partial sums of squares (None: none yet)
         batch: ForwardBatch,
-    ) -> torch.Tensor:  # [T, 1] fp32, the new h's
-        """`forward` for a one-token step, where every projection is a GEMV: each RMSNorm is
-        applied as the next projection loads its input (from the statistic the previous one's
-        epilogue gathered while adding into the residual), and SiLU-and-mul is fused into
-        gate_up: four GEMV launches and two of attention (QK-norm and RoPE included; the merge of
-        its splits) per layer, rather than ten launches."""
+    ) -> torch.Tensor:  # [T, M] fp32, the new h's
+        """`forward` for a step of a few tokens (decode), where every projection is a GEMV: each
+        RMSNorm is applied as the next projection loads its input (from the statistic the
+        previous one's epilogue gathered while adding into the residual), and SiLU-and-mul is
+        fused into gate_up: four GEMV launches and two of attention (QK-norm and RoPE included;
+        the merge of its splits) per layer, rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
         norm, post_norm = self.input_layernorm, self.post_attention_layernorm
         if sumsq is None:  # the first layer: its input norm is a launch of its own
@@ -122,20 +122,20 @@ class DecoderModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        if x.shape[0] == 1 and use_gemv(x, self.layers[0].self_attn.qkv_proj.weight):
-            return self._forward_one_row(positions, x, batch)
+        if use_gemv(x, self.layers[0].self_attn.qkv_proj.weight):
+            return self._forward_few_rows(positions, x, batch)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, batch)
         x, _ = self.norm(x, residual)
         return x
 
-    def _forward_one_row(
+    def _forward_few_rows(
         self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:  # [1, hidden]
+    ) -> torch.Tensor:  # [M, hidden]
         sumsq = None  # the statistics come from the projections' epilogues
         for layer in self.layers:
-            sumsq = layer.forward_one_row(positions, h, sumsq, batch)
+            sumsq = layer.forward_few_rows(positions, h, sumsq, batch)
         return self.norm(h)
 
 

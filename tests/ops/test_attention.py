@@ -85,12 +85,13 @@ def test_interpreter_decode_splits(num_splits, merge_elements, interpreter, pois
 
 @pytest.mark.parametrize("merge_kernel_splits", [32, 2])
 @pytest.mark.parametrize("num_splits", [2, 5, 20])
-@pytest.mark.parametrize("ctx", [1, 17, 70])
-def test_interpreter_one_token_merge_kernel(ctx, num_splits, merge_kernel_splits, interpreter,
-                                            poisoned, monkeypatch):
-    """A one-token call with splits stores the partials and merges them in a kernel of its own,
-    a program per head (in one round, or two splits a round with a running max); the last-split
-    merge's counters are not touched. Contexts inside one split, over several, with empty ones."""
+@pytest.mark.parametrize("ctxs", [[1], [17], [70], [70, 1, 17]])
+def test_interpreter_decode_merge_kernel(ctxs, num_splits, merge_kernel_splits, interpreter,
+                                         poisoned, monkeypatch):
+    """A call of one query token a sequence with splits stores the partials and merges them in a
+    kernel of its own, a program per (token, head) (in one round, or two splits a round with a
+    running max); the last-split merge's counters are not touched. Contexts inside one split,
+    over several, with empty ones; one sequence and several of different lengths."""
     from hotpath.ops.attention import triton_decode
 
     monkeypatch.setattr(triton_decode, "MERGE_KERNEL_SPLITS", merge_kernel_splits)
@@ -98,10 +99,10 @@ def test_interpreter_one_token_merge_kernel(ctx, num_splits, merge_kernel_splits
     kernel = triton_decode._merge_head_kernel
     monkeypatch.setattr(triton_decode, "_merge_head_kernel",
                         type("K", (), {"__getitem__": lambda self, grid: launched.append(grid) or kernel[grid]})())
-    b = paged_batch([1], [ctx], num_heads=6, num_kv_heads=2, head_dim=24, block_size=8,
+    b = paged_batch([1] * len(ctxs), ctxs, num_heads=6, num_kv_heads=2, head_dim=24, block_size=8,
                     dtype=torch.float32, device="cpu")
     check_kernel(b, kernel=triton_decode, num_splits=num_splits, block_n=16)
-    assert launched == [(6,)]
+    assert launched == [(len(ctxs), 6)]
     assert not triton_decode._counters(torch.device("cpu")).any()
 
 
@@ -297,14 +298,16 @@ def test_cuda_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim, dtype
 
 
 @cuda
-@pytest.mark.parametrize("ctx", [1, 17, 532, 4099, 32768])
+@pytest.mark.parametrize("ctxs", [[1], [17], [532], [4099], [32768], [532, 1, 4099, 17],
+                                  [700] * 3 + [32768]])
 @pytest.mark.parametrize("group,head_dim", [(2, 128), (4, 128), (8, 128), (5, 128), (4, 64)])
-def test_cuda_one_token_merge_kernel(ctx, group, head_dim, gpu_triton, poisoned):
-    """Batch-1 decode (its splits merged by the merge kernel) at Qwen3-0.6B, -8B, -32B and
-    Qwen2.5-32B heads, with QK-norm, RoPE and the cache write fused, in a graph sized for 40k
-    (66 splits: 64 hold a 32k context, merged in two rounds)."""
-    check_rope_fused([1], [ctx], group, head_dim, head_dim, True, torch.bfloat16, "cuda",
-                     num_kv_heads=8, block_size=16, max_context_len=40960)
+def test_cuda_decode_merge_kernel(ctxs, group, head_dim, gpu_triton, poisoned):
+    """Decode of one or several sequences (their splits merged by the merge kernel) at
+    Qwen3-0.6B, -8B, -32B and Qwen2.5-32B heads, with QK-norm, RoPE and the cache write fused,
+    in a graph sized for 40k (66 splits at batch 1: 64 hold a 32k context, merged in two
+    rounds)."""
+    check_rope_fused([1] * len(ctxs), ctxs, group, head_dim, head_dim, True, torch.bfloat16,
+                     "cuda", num_kv_heads=8, block_size=16, max_context_len=40960)
 
 
 @cuda

@@ -33,15 +33,17 @@ def split_config(use_dot, split_k, block_k=64):
 
 # ---- CPU: the kernel under TRITON_INTERPRET=1, fp32, small shapes -----------------------------
 def with_paths(shapes):
-    """Each (M, ...) shape with both paths where both apply: the element-wise one takes one row."""
+    """Each (M, ...) shape with both paths where both apply: the element-wise one takes up to
+    GEMV_FMA_MAX_ROWS rows."""
     return [(*shape, use_dot) for shape in shapes for use_dot in (False, True)
-            if use_dot or shape[0] == 1]
+            if use_dot or shape[0] <= linear.GEMV_FMA_MAX_ROWS]
 
 
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize(
     "M,N,K,bias,use_dot",
-    with_paths([(1, 40, 200, True), (1, 16, 128, False), (3, 33, 96, False), (16, 17, 130, True)]),
+    with_paths([(1, 40, 200, True), (1, 16, 128, False), (3, 33, 96, False), (4, 24, 64, True),
+                (16, 17, 130, True)]),
 )
 def test_interpreter(M, N, K, bias, use_dot, split_k, interpreter, poisoned):
     from hotpath.ops.linear import triton_gemv
@@ -52,7 +54,7 @@ def test_interpreter(M, N, K, bias, use_dot, split_k, interpreter, poisoned):
 
 
 @pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("M,N,K,use_dot", with_paths([(1, 20, 200), (1, 8, 128), (5, 33, 96)]))
+@pytest.mark.parametrize("M,N,K,use_dot", with_paths([(1, 20, 200), (1, 8, 128), (2, 9, 100), (5, 33, 96)]))
 def test_interpreter_gated(M, N, K, use_dot, split_k, interpreter, poisoned):
     """linear_silu_and_mul: gate and up rows paired per program, odd N included."""
     from hotpath.ops.linear import triton_gemv
@@ -103,25 +105,27 @@ def check_fused_forms(M, N, K, dtype, device, tol, config=None):
 
 
 @pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("M,N,K,use_dot", with_paths([(1, 20, 200), (1, 300, 128), (5, 33, 96)]))
+@pytest.mark.parametrize("M,N,K,use_dot",
+                         with_paths([(1, 20, 200), (1, 300, 128), (3, 40, 200), (5, 33, 96)]))
 def test_interpreter_fused_norm_and_residual(M, N, K, use_dot, split_k, interpreter, poisoned):
     check_fused_forms(M, N, K, torch.float32, "cpu", TOL[torch.float32],
                       config=split_config(use_dot, split_k))
 
 
+@pytest.mark.parametrize("M", [1, 3])
 @pytest.mark.parametrize("N,K,block_k,tail_k", [(20, 80, 64, 16), (300, 160, 128, 32)])
-def test_interpreter_tail_tile(N, K, block_k, tail_k, interpreter, poisoned):
-    """One row, K in two tiles (block_k then tail_k, both before the wait): plain, gated, RMS
-    prologue and residual epilogue."""
+def test_interpreter_tail_tile(M, N, K, block_k, tail_k, interpreter, poisoned):
+    """K in two tiles (block_k then tail_k, both before the wait): plain, gated, RMS prologue
+    and residual epilogue."""
     from hotpath.ops.linear import triton_gemv
 
-    x, weight, b = inputs(1, N, K, torch.float32, "cpu", bias=True)
+    x, weight, b = inputs(M, N, K, torch.float32, "cpu", bias=True)
     config = triton_gemv.GemvConfig(8, block_k, 1, 4, 1, False, tail_k)
     check(triton_gemv.linear(x, weight, b, config=config), x, weight, b, TOL[torch.float32])
-    check_fused_forms(1, N, K, torch.float32, "cpu", TOL[torch.float32], config=config)
+    check_fused_forms(M, N, K, torch.float32, "cpu", TOL[torch.float32], config=config)
 
 
-@pytest.mark.parametrize("M,use_dot", [(1, False), (3, True)])
+@pytest.mark.parametrize("M,use_dot", [(1, False), (3, False), (3, True)])
 def test_interpreter_rms_statistic_in_many_parts(M, use_dot, interpreter, poisoned):
     """The rms= prologue adds more partial sums than one load takes (1,500: over the one-row
     path's 1,024 and the tensor-core path's 64 per round), as a wide model's producer leaves."""
@@ -156,19 +160,21 @@ def test_dispatch_fused_forms_reference():
 
 
 def test_interpreter_default_config(interpreter, poisoned):
-    """choose_config's own choice (split K on this tall, narrow shape), leading dims kept."""
+    """choose_config's own choice (at 2 rows K whole in one tile; at 6 tensor cores, K split
+    on this tall, narrow shape), leading dims kept."""
     from hotpath.ops.linear import triton_gemv
 
-    x, weight, b = inputs(2, 24, 2100, torch.float32, "cpu", bias=True)
-    cfg = triton_gemv.choose_config(2, 24, 2100, x.device)
-    assert cfg.split_k > 1 and cfg.use_dot
-    out = triton_gemv.linear(x.view(1, 2, 2100), weight, b)
-    assert out.shape == (1, 2, 24)
-    check(out.view(2, 24), x, weight, b, TOL[torch.float32])
+    for M in (2, 6):  # element-wise, tensor cores
+        x, weight, b = inputs(M, 24, 2100, torch.float32, "cpu", bias=True)
+        cfg = triton_gemv.choose_config(M, 24, 2100, x.device)
+        assert cfg.use_dot == (M > linear.GEMV_FMA_MAX_ROWS) and (cfg.split_k > 1) == cfg.use_dot
+        out = triton_gemv.linear(x.view(1, M, 2100), weight, b)
+        assert out.shape == (1, M, 24)
+        check(out.view(M, 24), x, weight, b, TOL[torch.float32])
 
 
-def test_gemv_config_at_one_row():
-    """At M = 1: all of K in one tile, unsplit, up to WHOLE_K, or in two where K is WHOLE_K
+def test_gemv_config_at_few_rows():
+    """At M = 1 (and up to GEMV_FMA_MAX_ROWS): all of K in one tile, unsplit, up to WHOLE_K, or in two where K is WHOLE_K
     and a power of 2 up to WHOLE_K / 4; a multiple of WHOLE_K walks WHOLE_K-wide tiles unsplit
     where the rows fill the SMs; other long K walks narrower tiles and may be split (the CPU
     stand-in has 4 SMs)."""
@@ -188,6 +194,12 @@ def test_gemv_config_at_one_row():
     for K in (12288, 25600):
         narrow = triton_gemv.choose_config(1, 8, K, cpu)  # one N tile
         assert narrow.block_k < triton_gemv.WHOLE_K and narrow.split_k > 1
+    # a few rows take the one-row configs; more rows, tensor cores
+    for N, K in ((4096, 3072), (4096, 5120), (4096, 12288), (8, 25600)):
+        one = triton_gemv.choose_config(1, N, K, cpu)
+        for M in range(2, linear.GEMV_FMA_MAX_ROWS + 1):
+            assert triton_gemv.choose_config(M, N, K, cpu) == one
+        assert triton_gemv.choose_config(linear.GEMV_FMA_MAX_ROWS + 1, N, K, cpu).use_dot
 
 
 def test_interpreter_split_counters_reset(interpreter):
@@ -206,8 +218,9 @@ def test_interpreter_rejects_bad_shapes(interpreter):
 
     with pytest.raises(ValueError, match="features"):
         triton_gemv.linear(torch.randn(1, 8), torch.randn(4, 16))
-    with pytest.raises(ValueError, match="at most 1 rows"):
-        triton_gemv.linear(torch.randn(2, 16), torch.randn(4, 16), config=split_config(False, 1))
+    with pytest.raises(ValueError, match=f"at most {linear.GEMV_FMA_MAX_ROWS} rows"):
+        triton_gemv.linear(torch.randn(linear.GEMV_FMA_MAX_ROWS + 1, 16), torch.randn(4, 16),
+                           config=split_config(False, 1))
 
 
 # ---- the dispatch --------------------------------------------------------------------------------
@@ -228,11 +241,13 @@ def test_dispatch(monkeypatch):
         tall = torch.randn(64, 32, dtype=torch.bfloat16)
         linear.linear(torch.randn(1, 32, dtype=torch.bfloat16), tall)  # 1 row: any shape
         assert len(calls) == 2
-        linear.linear(torch.randn(6, 32, dtype=torch.bfloat16), tall)  # rows, tall weight
+        linear.linear(torch.randn(4, 32, dtype=torch.bfloat16), tall)  # FMA rows: any shape
+        assert len(calls) == 3
+        linear.linear(torch.randn(6, 32, dtype=torch.bfloat16), tall)  # more rows, tall weight
         linear.linear(torch.randn(17, 32, dtype=torch.bfloat16), w16)  # too many rows
         linear.linear(torch.randn(1, 32, dtype=torch.float64), w16.double())  # fp64
         linear.linear(torch.randn(1, 32, dtype=torch.bfloat16), w16.t().contiguous().t())  # strided
-        assert len(calls) == 2
+        assert len(calls) == 3
     finally:
         backend.set_backend(previous)
 
@@ -258,7 +273,7 @@ GPU_SHAPES = [(33, 1000), (1000, 2050), (4096, 1024), (1024, 3072), (6144, 4096)
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,K", GPU_SHAPES)
-@pytest.mark.parametrize("M", [1, 2, 5, 8, 16])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 16])
 def test_cuda(M, N, K, dtype, poisoned):
     """The kernel with choose_config's tiles (whether or not the dispatch would pick it)."""
     from hotpath.ops.linear import triton_gemv
@@ -271,7 +286,7 @@ def test_cuda(M, N, K, dtype, poisoned):
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,K", [(3072, 1024), (12288, 4096), (500, 2050), (25600, 5120)])
-@pytest.mark.parametrize("M", [1, 4])
+@pytest.mark.parametrize("M", [1, 4, 8])
 def test_cuda_gated(M, N, K, dtype, poisoned):
     """linear_silu_and_mul at Qwen3-0.6B's and -8B's gate_up shapes and an odd one."""
     from hotpath.ops.linear import triton_gemv
@@ -283,7 +298,7 @@ def test_cuda_gated(M, N, K, dtype, poisoned):
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("N,K", [(1024, 2048), (4096, 12288), (1000, 2050), (5120, 5120)])
-@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("M", [1, 3, 8])
 def test_cuda_fused_norm_and_residual(M, N, K, dtype, poisoned):
     """The rms= prologue and residual epilogue at Qwen3 o_proj / down_proj shapes and an odd one,
     with choose_config's tiles (split K included)."""

@@ -6,8 +6,9 @@ of the sequence times every q head sharing that kv head (GQA), so each K/V tile 
 once for the whole group and the dot products have enough rows for tensor cores. Splitting the
 context lets batch-1 long-context decode use every SM; each split writes its normalised partial
 output and log-sum-exp. A one-token call (batch-1 decode) then merges them in a kernel of its own,
-a program per head (_merge_head_kernel); in larger calls the last split of a (sequence, kv head)
-to finish (an atomic counter says which) merges them. With a single split the program writes the
+a program per (token, head) (_merge_head_kernel); calls with more query tokens a sequence (verify
+steps) have the last split of a (sequence, kv head) to finish (an atomic counter says which) merge
+them. With a single split the program writes the
 output directly.
 
 At batch 1 the kernel is a chain of latencies, not a stream of bytes (a 1k context is ~2 MB), so
@@ -75,12 +76,12 @@ MERGE_ELEMENTS = 8192
 # 8 q heads a kv head (Qwen3-32B; Qwen2.5-32B's 5 pad to 8) one round for 9 splits instead of
 # two made the 32B step 2% faster (H200, run H), at 207 registers rather than 166 (Triton 3.6)
 MIN_MERGE_SPLITS = 16
-# A call of one query token (a batch-1 decode) merges its splits in a kernel of its own, a program
-# per head, rather than in the last split of each kv head to finish (False: always there): the fence,
-# atomic counter and dependent read of the partials left the attention kernel's chain, and the
-# step was 1-2.6% faster at Qwen3-8B, 1.7-4.7% at Qwen3-0.6B and 0.9% at Qwen3-32B (H200, run I
-# calls 8-14; run E's separate merge, a program per kv head, had been slower). Larger calls keep
-# the merge here (unmeasured).
+# A call of one query token a sequence (decode) merges its splits in a kernel of its own, a program
+# per (token, head), rather than in the last split of each kv head to finish (False: always
+# there): the fence, atomic counter and dependent read of the partials left the attention kernel's
+# chain, and the batch-1 step was 1-2.6% faster at Qwen3-8B, 1.7-4.7% at Qwen3-0.6B and 0.9% at
+# Qwen3-32B (H200, run I calls 8-14; run E's separate merge, a program per kv head, had been
+# slower); batch 2-16: run K. Verify steps (several tokens a sequence) keep the merge here.
 MERGE_KERNEL = True
 # splits the merge kernel reads a round (fp32 [32, 128]: 64 registers a thread at 2 warps)
 MERGE_KERNEL_SPLITS = 32
@@ -412,12 +413,13 @@ def _merge_splits(
 
 @triton.jit
 def _merge_head_kernel(
-    part_out_ptr,  # [1, num_heads, num_splits, HEAD_DIM] fp32
-    part_lse_ptr,  # [1, num_heads, num_splits] fp32, log2 units
-    context_lens_ptr,  # [1] int32
-    out_ptr,  # [1, num_heads, HEAD_DIM]
+    part_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32
+    part_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32, log2 units
+    context_lens_ptr,  # [num_tokens] int32: one query token a sequence
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
     num_heads,
     num_splits,
+    stride_ot,
     stride_oh,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
@@ -425,15 +427,18 @@ def _merge_head_kernel(
     BLOCK_S: tl.constexpr,  # splits merged a round
     USE_PDL: tl.constexpr,
 ):
-    """One head of a one-token decode's split partials merged (DEFER): a program per head, each
-    the last-split merge of a one-row group."""
+    """One head of one token's split partials merged (DEFER), in a call of one query token a
+    sequence (token t is sequence t): a program per (token, head), each the last-split merge of a
+    one-row group."""
     pdl_launch_dependents(USE_PDL)
-    head = tl.program_id(0)
-    ctx = tl.load(context_lens_ptr)
-    used = tl.cdiv(ctx, _split_len(ctx, num_splits, BLOCK_N))  # the others store nothing
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    ctx = tl.load(context_lens_ptr + token)
+    # the splits holding context; the others store nothing (a query token sees >= 1 key)
+    used = tl.cdiv(ctx, tl.maximum(_split_len(ctx, num_splits, BLOCK_N), 1))
     pdl_wait(USE_PDL)
-    _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, 0, 1, head, used, num_heads, num_splits,
-                  0, stride_oh, tl.arange(0, HEAD_DIM_PAD), 1, 1, BLOCK_S, HEAD_DIM)
+    _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, token, 1, head, used, num_heads, num_splits,
+                  stride_ot, stride_oh, tl.arange(0, HEAD_DIM_PAD), 1, 1, BLOCK_S, HEAD_DIM)
 
 
 def choose_num_splits(
@@ -506,8 +511,8 @@ def paged_attention(
     if num_tokens == 0:
         return out
     direct = num_splits == 1
-    # one token with splits: the merge as a kernel of its own (see MERGE_KERNEL)
-    defer = MERGE_KERNEL and not direct and num_tokens == 1
+    # one token a sequence, with splits: the merge as a kernel of its own (see MERGE_KERNEL)
+    defer = MERGE_KERNEL and not direct and max_query_len == 1 and num_tokens == num_seqs
     merge_m = next_power_of_2(max_query_len * group)
     counters = _counters(q.device)
     if direct:
@@ -554,8 +559,8 @@ def paged_attention(
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if defer:
-        _merge_head_kernel[(num_heads,)](
-            part_out, part_lse, context_lens, out, num_heads, num_splits, out.stride(1),
+        _merge_head_kernel[(num_tokens, num_heads)](
+            part_out, part_lse, context_lens, out, num_heads, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n,
             BLOCK_S=min(next_power_of_2(num_splits), MERGE_KERNEL_SPLITS), USE_PDL=use_pdl,
             num_warps=MERGE_KERNEL_WARPS, launch_pdl=use_pdl,

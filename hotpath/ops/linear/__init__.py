@@ -12,12 +12,15 @@ from hotpath.ops import backend
 from hotpath.ops.activation import silu_and_mul
 from hotpath.ops.linear import reference
 
-# Where the GEMV kernel was measured faster than cuBLAS (H200, bf16, in CUDA graphs, torch 2.11;
-# hotpath.ops.linear.bench): with one row, on every Qwen3-0.6B / -8B projection and LM head (1% on
-# 8B's gate_up to 65% on 0.6B's o_proj); with 8 and 16 rows only on weights no taller than wide
-# and at most 32 MB (o_proj of both, down_proj of 0.6B: 5-15% less time). On the other shapes at 8
-# and 16 rows cuBLAS took up to 18% less time, or (the LM heads) within 3% of the kernel.
+# Where the GEMV kernel was measured faster than cuBLAS back to back with itself (H200, bf16, in
+# CUDA graphs, torch 2.11; hotpath.ops.linear.bench): with one row, on every Qwen3-0.6B / -8B
+# projection and LM head (1% on 8B's gate_up to 65% on 0.6B's o_proj); with 8 and 16 rows only on
+# weights no taller than wide and at most 32 MB (o_proj of both, down_proj of 0.6B: 5-15% less
+# time). On the other shapes at 8 and 16 rows cuBLAS took up to 18% less time, or (the LM heads)
+# within 3% of the kernel. Up to GEMV_FMA_MAX_ROWS rows the kernel works as at one row (FMAs, its
+# weight tile loading before PDL's wait) and takes every shape; above, tensor cores (run K).
 GEMV_MAX_ROWS = 16
+GEMV_FMA_MAX_ROWS = 4
 MULTI_ROW_MAX_WEIGHT_ELEMENTS = 1 << 24
 # fp32 too, so that GPU parity tests in fp32 run the decode path's fused forms
 _GEMV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -32,7 +35,7 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == x.dtype
         and weight.stride(-1) == 1
         and 0 < rows <= GEMV_MAX_ROWS
-        and (rows == 1 or (N <= K and N * K <= MULTI_ROW_MAX_WEIGHT_ELEMENTS))
+        and (rows <= GEMV_FMA_MAX_ROWS or (N <= K and N * K <= MULTI_ROW_MAX_WEIGHT_ELEMENTS))
         and backend.use_triton(x)
     )
 

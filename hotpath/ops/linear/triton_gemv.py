@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops import linear as dispatch
 from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.triton_utils import (
     pdl_enabled,
@@ -128,7 +129,7 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # 3072) as 2048 + 1024 made the step 8% slower than one 4096-wide tile, a quarter masked.
     # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
     # kernel beats cuBLAS (back-to-back sweeps).
-    if M == 1:
+    if M <= dispatch.GEMV_FMA_MAX_ROWS:
         block_n, num_stages, use_dot = 8, 1, False
         if tail_k := _tail_k(K):
             return GemvConfig(block_n, WHOLE_K, 1, 8, num_stages, use_dot, tail_k)
@@ -208,15 +209,47 @@ def _normed_x(x, rk, norm_w_ptr, rstd, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr, NORM_INPUT: tl.constexpr):
-    """[BLOCK_N] fp32: the tile w [BLOCK_N, BLOCK_K] times x's entries rk, summed along K."""
+def _w_tile(w_rows, rk, K, EVEN_K: tl.constexpr):
+    """The weight's [BLOCK_N, BLOCK_K] tile at columns rk of the rows w_rows ([BLOCK_N, 1])."""
     if EVEN_K:
-        x = tl.load(x_ptr + rk)
+        return tl.load(w_rows + rk[None, :])
+    return tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _dot_row(w, x_row, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr, NORM_INPUT: tl.constexpr):
+    """[BLOCK_N] fp32: the tile w [BLOCK_N, BLOCK_K] times the row x_row's entries rk, summed
+    along K; rstd: the row's 1 / RMS (NORM_INPUT)."""
+    if EVEN_K:
+        x = tl.load(x_row + rk)
     else:
-        x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
+        x = tl.load(x_row + rk, mask=rk < K, other=0.0)
     if NORM_INPUT:
         x = _normed_x(x, rk, norm_w_ptr, rstd, K, EVEN_K)
     return tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+
+
+@triton.jit
+def _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr,
+              NORM_INPUT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """[BLOCK_N, BLOCK_M] fp32 ([BLOCK_N] at one row): _dot_row for each of x's rows, with FMAs (no tensor cores), a row
+    at a time, so that one row's products are all that is live besides the tile. rstd
+    [BLOCK_M]: each row's 1 / RMS (NORM_INPUT)."""
+    if BLOCK_M == 1:
+        # [BLOCK_N]: the caller's sum over K stays one-dimensional (a 2-D one took 158 registers
+        # rather than 127 at Qwen3-32B's gate_up, Triton 3.6)
+        acc = _dot_row(w, x_ptr, rk, K, norm_w_ptr, tl.sum(rstd) if NORM_INPUT else rstd, EVEN_K,
+                       NORM_INPUT)
+    else:
+        rm = tl.arange(0, BLOCK_M)
+        acc = tl.zeros([w.shape[0], BLOCK_M], dtype=tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            # rows past M read row M - 1 again (their sums are never stored): no mask
+            r = tl.sum(tl.where(rm == m, rstd, 0.0)) if NORM_INPUT else rstd
+            s = _dot_row(w, x_ptr + tl.minimum(m, M - 1) * stride_xm, rk, K, norm_w_ptr, r,
+                         EVEN_K, NORM_INPUT)
+            acc += tl.where(rm[None, :] == m, s[:, None], 0.0)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M", "N"])
@@ -281,42 +314,37 @@ def _gemv_kernel(
         for k0 in range(k_start, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             x_mask = (rm < M)[:, None]
-            if EVEN_K:
-                w = tl.load(w_rows + rk[None, :])
-            else:
-                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+            if not EVEN_K:
                 x_mask = x_mask & (rk < K)[None, :]
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
             if NORM_INPUT:
                 x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, EVEN_K)
-            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(_w_tile(w_rows, rk, K, EVEN_K), tl.trans(x), acc,
+                         input_precision=DOT_PRECISION)
     else:
         # The first tile is loaded before waiting for the previous kernel (the weights are not
         # something it writes), so the weight stream starts under that kernel's tail. One tile in
         # flight per program after that: a second one (loaded before the current is used) was
         # measured slower on an H200, the registers it takes cost more programs per SM.
         rk = k_start + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            w = tl.load(w_rows + rk[None, :])
-        else:
-            w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+        w = _w_tile(w_rows, rk, K, EVEN_K)
         if TAIL_K > 0:
             rk_tail = BLOCK_K + tl.arange(0, TAIL_K)
-            w_tail = tl.load(w_rows + rk_tail[None, :])
+            w_tail = _w_tile(w_rows, rk_tail, K, True)
         pdl_wait(USE_PDL)
-        # one row: the producer's N tiles' partials, in one load up to 1024 of them
-        rstd = tl.sum(_rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024)) if NORM_INPUT else 1.0
-        acc_n = _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
+        # the producer's N tiles' partials, in one load up to 1024 of them
+        rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024) if NORM_INPUT else 1.0
+        acc = _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT,
+                        BLOCK_M)
         if TAIL_K > 0:
-            acc_n += _dot_x(w_tail, x_ptr, rk_tail, K, norm_w_ptr, rstd, True, NORM_INPUT)
+            acc += _dot_rows(w_tail, x_ptr, stride_xm, M, rk_tail, K, norm_w_ptr, rstd, True,
+                             NORM_INPUT, BLOCK_M)
         for k0 in range(k_start + BLOCK_K + TAIL_K, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                w = tl.load(w_rows + rk[None, :])
-            else:
-                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
-            acc_n += _dot_x(w, x_ptr, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
-        acc = acc_n[:, None]  # [BLOCK_N, 1]
+            acc += _dot_rows(_w_tile(w_rows, rk, K, EVEN_K), x_ptr, stride_xm, M, rk, K,
+                             norm_w_ptr, rstd, EVEN_K, NORM_INPUT, BLOCK_M)
+        if BLOCK_M == 1:
+            acc = acc[:, None]  # [BLOCK_N, 1]
 
     if SPLIT:
         out_mask = (rv < rows_total)[:, None] & (rm < M)[None, :]
@@ -410,7 +438,7 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
     cfg = config or choose_config(M, rows, K, x.device)
     assert cfg.block_n % 2 == 0 or not gated
     assert not cfg.tail_k or (cfg.block_k + cfg.tail_k == K and cfg.split_k == 1 and not cfg.use_dot)
-    block_m = DOT_BLOCK_M if cfg.use_dot else 1
+    block_m = DOT_BLOCK_M if cfg.use_dot else triton.next_power_of_2(min(M, dispatch.GEMV_FMA_MAX_ROWS))
     if M > block_m:
         raise ValueError(f"the GEMV kernel takes at most {block_m} rows with this config, got {M}")
     n_tiles = triton.cdiv(rows, cfg.block_n)
