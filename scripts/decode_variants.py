@@ -212,10 +212,9 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # the merge kernel over 1 or 4 warps (2 since run J)
     "merge_w1": [(triton_decode, "MERGE_KERNEL_WARPS", 1)],
     "merge_w4": [(triton_decode, "MERGE_KERNEL_WARPS", 4)],
-    # steps of 2-4 rows (--batch-size) as before run K (GEMV_FMA_MAX_ROWS 1): cuBLAS on weights
-    # taller than wide or over 32 MB, so the unfused layer forward, tensor cores in the GEMV
+    # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
+    # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
-    "fma2": [(linear_ops, "GEMV_FMA_MAX_ROWS", 2)],
 }
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 

@@ -76,21 +76,18 @@ def decode_attention(batch: int, kernel: str = "_decode_split_kernel") -> tuple[
         rope=rope), tuple(o for o in others if o != kernel))
 
 
-def projections(rows: int = 1) -> dict[str, tuple[int, int]]:
-    """A layer's projections in their fused forms at `rows` rows (DecoderLayer.forward_few_rows)."""
-    h = torch.empty(rows, HIDDEN, **BF16)
-    rms = (torch.empty(512, rows), torch.empty(HIDDEN, **BF16), 1e-6)
+def projections() -> dict[str, tuple[int, int]]:
+    """A layer's batch-1 projections in their fused forms (DecoderLayer.forward_few_rows)."""
+    h = torch.empty(1, HIDDEN, **BF16)
+    rms = (torch.empty(512, 1), torch.empty(HIDDEN, **BF16), 1e-6)
     launches = {
         "qkv": lambda: triton_gemv.linear(h, torch.empty(6144, HIDDEN, **BF16), rms=rms),
         "gate_up": lambda: triton_gemv.linear_silu_and_mul(h, torch.empty(2 * INTERMEDIATE, HIDDEN, **BF16), rms=rms),
         "o_proj": lambda: triton_gemv.linear_add_residual(
-            torch.empty(rows, HIDDEN, **BF16), torch.empty(HIDDEN, HIDDEN, **BF16), h),
+            torch.empty(1, HIDDEN, **BF16), torch.empty(HIDDEN, HIDDEN, **BF16), h),
         "down": lambda: triton_gemv.linear_add_residual(
-            torch.empty(rows, INTERMEDIATE, **BF16), torch.empty(HIDDEN, INTERMEDIATE, **BF16), h),
+            torch.empty(1, INTERMEDIATE, **BF16), torch.empty(HIDDEN, INTERMEDIATE, **BF16), h),
     }
-    if rows > 1:
-        return {f"{name}, {rows} rows": resources(triton_gemv, "_gemv_kernel", launch)
-                for name, launch in launches.items()}
     # Qwen3-32B's gate_up: K = 5120 in two tiles, 4096 + 1024, both held before PDL's wait
     h32 = torch.empty(1, 5120, **BF16)
     launches["qwen3-32b gate_up (two tiles)"] = lambda: triton_gemv.linear_silu_and_mul(
@@ -102,8 +99,7 @@ def main() -> None:
     table = {"attention, batch 1 (splits)": decode_attention(1),
              "attention, batch 1: the merge kernel": decode_attention(1, "_merge_head_kernel"),
              "attention, batch 64 (no splits)": decode_attention(64)}
-    for rows in (1, 2, 4):
-        table.update({f"gemv {name}": r for name, r in projections(rows).items()})
+    table.update({f"gemv {name}": r for name, r in projections().items()})
     print(json.dumps(table))
 
 

@@ -122,7 +122,10 @@ class DecoderModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        if use_gemv(x, self.layers[0].self_attn.qkv_proj.weight):
+        first = self.layers[0]
+        projections = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
+                       first.mlp.down_proj)
+        if all(use_gemv(x, p.weight) for p in projections):
             return self._forward_few_rows(positions, x, batch)
         residual = None
         for layer in self.layers:

@@ -194,12 +194,14 @@ def test_gemv_config_at_few_rows():
     for K in (12288, 25600):
         narrow = triton_gemv.choose_config(1, 8, K, cpu)  # one N tile
         assert narrow.block_k < triton_gemv.WHOLE_K and narrow.split_k > 1
-    # a few rows take the one-row configs; more rows, tensor cores
-    for N, K in ((4096, 3072), (4096, 5120), (4096, 12288), (8, 25600)):
+    # a few rows on a small weight take the one-row configs; more rows, or a large weight,
+    # tensor cores
+    for N, K in ((1024, 3072), (6144, 1024), (8, 25600)):
         one = triton_gemv.choose_config(1, N, K, cpu)
         for M in range(2, linear.GEMV_FMA_MAX_ROWS + 1):
             assert triton_gemv.choose_config(M, N, K, cpu) == one
         assert triton_gemv.choose_config(linear.GEMV_FMA_MAX_ROWS + 1, N, K, cpu).use_dot
+    assert triton_gemv.choose_config(2, 4096, 4096, cpu).use_dot
 
 
 def test_interpreter_split_counters_reset(interpreter):
@@ -218,8 +220,8 @@ def test_interpreter_rejects_bad_shapes(interpreter):
 
     with pytest.raises(ValueError, match="features"):
         triton_gemv.linear(torch.randn(1, 8), torch.randn(4, 16))
-    with pytest.raises(ValueError, match=f"at most {linear.GEMV_FMA_MAX_ROWS} rows"):
-        triton_gemv.linear(torch.randn(linear.GEMV_FMA_MAX_ROWS + 1, 16), torch.randn(4, 16),
+    with pytest.raises(ValueError, match=f"at most {triton_gemv.FMA_BLOCK_M} rows"):
+        triton_gemv.linear(torch.randn(triton_gemv.FMA_BLOCK_M + 1, 16), torch.randn(4, 16),
                            config=split_config(False, 1))
 
 
@@ -241,7 +243,7 @@ def test_dispatch(monkeypatch):
         tall = torch.randn(64, 32, dtype=torch.bfloat16)
         linear.linear(torch.randn(1, 32, dtype=torch.bfloat16), tall)  # 1 row: any shape
         assert len(calls) == 2
-        linear.linear(torch.randn(4, 32, dtype=torch.bfloat16), tall)  # FMA rows: any shape
+        linear.linear(torch.randn(2, 32, dtype=torch.bfloat16), tall)  # FMA rows: any shape
         assert len(calls) == 3
         linear.linear(torch.randn(6, 32, dtype=torch.bfloat16), tall)  # more rows, tall weight
         linear.linear(torch.randn(17, 32, dtype=torch.bfloat16), w16)  # too many rows

@@ -34,16 +34,16 @@ def test_few_rows_decode_matches_reference(name, together, tiny_model_factory, i
     path, hf_model = tiny_model_factory(name)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_model.config.vocab_size, (n,), generator=g).tolist()
-               for n in (1, 7, 3)]
+               for n in (1, 7)]
     want = greedy(path, prompts, "reference", together)
     rows = []
     original = llama.DecoderModel._forward_few_rows
     monkeypatch.setattr(llama.DecoderModel, "_forward_few_rows",
                         lambda self, positions, h, batch: rows.append(h.shape[0]) or original(self, positions, h, batch))
     got = greedy(path, prompts, "triton", together)
-    # three decode steps a sequence: of one row each, or of all three sequences at once (short
+    # three decode steps a sequence: of one row each, or of both sequences at once (short
     # prompts' prefills take the same forward)
-    assert rows.count(3) >= 3 if together else rows.count(1) >= 9
+    assert rows.count(2) >= 3 if together else rows.count(1) >= 6
     for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want):
         assert got_ids == want_ids
         for step, tok in enumerate(got_ids):

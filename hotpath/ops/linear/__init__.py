@@ -17,13 +17,24 @@ from hotpath.ops.linear import reference
 # projection and LM head (1% on 8B's gate_up to 65% on 0.6B's o_proj); with 8 and 16 rows only on
 # weights no taller than wide and at most 32 MB (o_proj of both, down_proj of 0.6B: 5-15% less
 # time). On the other shapes at 8 and 16 rows cuBLAS took up to 18% less time, or (the LM heads)
-# within 3% of the kernel. Up to GEMV_FMA_MAX_ROWS rows the kernel works as at one row (FMAs, its
-# weight tile loading before PDL's wait) and takes every shape; above, tensor cores (run K).
+# within 3% of the kernel.
 GEMV_MAX_ROWS = 16
-GEMV_FMA_MAX_ROWS = 4
 MULTI_ROW_MAX_WEIGHT_ELEMENTS = 1 << 24
+# Two rows on a weight of at most 8M elements work as one row does (FMAs, the weight tile loading
+# before PDL's wait), on any shape: in the decode graph, batch 2 of Qwen3-0.6B (every projection
+# at most 6.3M elements) took 15% less time than with cuBLAS and the unfused layer (run K). Each
+# row's products take registers of their own, so an SM holds half as many weight bytes: on
+# Qwen3-8B's projections (16.7-101M elements) batch 2 took 30% more, and batch 4 of 0.6B 9% more.
+GEMV_FMA_MAX_ROWS = 2
+FMA_MAX_WEIGHT_ELEMENTS = 1 << 23
 # fp32 too, so that GPU parity tests in fp32 run the decode path's fused forms
 _GEMV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def fma_rows(rows: int, N: int, K: int) -> bool:
+    """True where the GEMV kernel sums `rows` rows of an [N, K] weight as it sums one: with FMAs,
+    its weight tile loading before PDL's wait (else with tensor cores)."""
+    return rows == 1 or (rows <= GEMV_FMA_MAX_ROWS and N * K <= FMA_MAX_WEIGHT_ELEMENTS)
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -35,7 +46,7 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == x.dtype
         and weight.stride(-1) == 1
         and 0 < rows <= GEMV_MAX_ROWS
-        and (rows <= GEMV_FMA_MAX_ROWS or (N <= K and N * K <= MULTI_ROW_MAX_WEIGHT_ELEMENTS))
+        and (fma_rows(rows, N, K) or (N <= K and N * K <= MULTI_ROW_MAX_WEIGHT_ELEMENTS))
         and backend.use_triton(x)
     )
 

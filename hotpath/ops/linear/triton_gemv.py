@@ -65,6 +65,8 @@ DOT_BLOCK_M = 16
 PROGRAMS_PER_SM = 4
 # At M = 1 one tile takes all of K up to this many elements (8 rows: 64 KB of bf16 a program)
 WHOLE_K = 4096
+# Rows the FMA path (USE_DOT off) unrolls at most; the dispatch gives it up to GEMV_FMA_MAX_ROWS
+FMA_BLOCK_M = 4
 # One counter per N tile of a split-K op; a split op never has more N tiles than this.
 MAX_SPLIT_TILES = 4096
 
@@ -129,7 +131,7 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # 3072) as 2048 + 1024 made the step 8% slower than one 4096-wide tile, a quarter masked.
     # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
     # kernel beats cuBLAS (back-to-back sweeps).
-    if M <= dispatch.GEMV_FMA_MAX_ROWS:
+    if dispatch.fma_rows(M, N, K):
         block_n, num_stages, use_dot = 8, 1, False
         if tail_k := _tail_k(K):
             return GemvConfig(block_n, WHOLE_K, 1, 8, num_stages, use_dot, tail_k)
@@ -438,7 +440,7 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
     cfg = config or choose_config(M, rows, K, x.device)
     assert cfg.block_n % 2 == 0 or not gated
     assert not cfg.tail_k or (cfg.block_k + cfg.tail_k == K and cfg.split_k == 1 and not cfg.use_dot)
-    block_m = DOT_BLOCK_M if cfg.use_dot else triton.next_power_of_2(min(M, dispatch.GEMV_FMA_MAX_ROWS))
+    block_m = DOT_BLOCK_M if cfg.use_dot else min(triton.next_power_of_2(M), FMA_BLOCK_M)
     if M > block_m:
         raise ValueError(f"the GEMV kernel takes at most {block_m} rows with this config, got {M}")
     n_tiles = triton.cdiv(rows, cfg.block_n)
