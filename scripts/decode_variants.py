@@ -215,9 +215,6 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
     # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
-    "fma_k2048": [(linear_ops, "FMA_MAX_WEIGHT_ELEMENTS", 1 << 40)],
-    "fma_k1024": [(linear_ops, "FMA_MAX_WEIGHT_ELEMENTS", 1 << 40), (triton_gemv, "MULTI_ROW_TILE", (1024, 4))],
-    "fma_k512": [(linear_ops, "FMA_MAX_WEIGHT_ELEMENTS", 1 << 40), (triton_gemv, "MULTI_ROW_TILE", (512, 2))],
 }
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 

@@ -65,9 +65,6 @@ DOT_BLOCK_M = 16
 PROGRAMS_PER_SM = 4
 # At M = 1 one tile takes all of K up to this many elements (8 rows: 64 KB of bf16 a program)
 WHOLE_K = 4096
-# EXPERIMENT: at 2+ rows, weights over this many elements walk tiles of (block_k, warps)
-MULTI_ROW_WHOLE_MAX = 1 << 23
-MULTI_ROW_TILE = (2048, 8)
 # Rows the FMA path (USE_DOT off) unrolls at most; the dispatch gives it up to GEMV_FMA_MAX_ROWS
 FMA_BLOCK_M = 4
 # One counter per N tile of a split-K op; a split op never has more N tiles than this.
@@ -136,10 +133,6 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # kernel beats cuBLAS (back-to-back sweeps).
     if dispatch.fma_rows(M, N, K):
         block_n, num_stages, use_dot = 8, 1, False
-        if M > 1 and N * K > MULTI_ROW_WHOLE_MAX:
-            block_k, num_warps = MULTI_ROW_TILE
-            return GemvConfig(block_n, min(block_k, triton.next_power_of_2(K)), 1, num_warps,
-                              num_stages, use_dot)
         if tail_k := _tail_k(K):
             return GemvConfig(block_n, WHOLE_K, 1, 8, num_stages, use_dot, tail_k)
         if K <= WHOLE_K:
