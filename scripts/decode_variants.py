@@ -1,10 +1,10 @@
 """Variants of the decode step (batch 1, or --batch-size B), timed inside the real decode graph:
-the same engine's graph captured again with decode attention swapped (none at all; a kernel that only waits and copies
-its input; the real kernel with other launch parameters) or with other GEMV tile configs for
-given weight shapes, every graph replayed in turn in one process, so the step times compare
-within one run (between runs the same code varies by 2-4%). What a kernel costs in the chain of
-a step (its wait, its tail, its neighbours' overlap) is not what it costs back to back with
-itself, which is what the kernel benchmarks time.
+the same engine's graph captured again with decode attention swapped (none at all; a kernel that
+only waits and copies its input; the real kernel with other launch parameters) or with other
+GEMV tile configs for given weight shapes, every graph replayed in turn in one process, so the
+step times compare within one run (between runs the same code varies by 2-4%). What a kernel
+costs in the chain of a step (its wait, its tail, its neighbours' overlap) is not what it costs
+back to back with itself, which is what the kernel benchmarks time.
 
     python scripts/decode_variants.py --preset qwen3-0.6b --variants full,none,copy --out DIR
 

@@ -21,13 +21,16 @@ def run(path, prompts, dtype):
             for o in outs]
 
 
+# decode steps of six rows (tensor cores or cuBLAS), and of two (the GEMV's one-row design and the
+# fused layer forward, on these small weights)
+@pytest.mark.parametrize("lengths", [LENGTHS, [17, 300]])
 @pytest.mark.parametrize("name", ["qwen2-gqa4-tied", "qwen3-gqa8-untied-hd", "llama-mha-untied-llama3rope"])
-def test_gpu_greedy_matches_hf(name, tiny_model_factory):
+def test_gpu_greedy_matches_hf(name, lengths, tiny_model_factory):
     path, hf_cpu = tiny_model_factory(name)
     hf = hf_cpu.to("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
     fp32 = run(path, prompts, "float32")
     bf16 = run(path, prompts, "bfloat16")
     for prompt, (ids, lps), (ids16, lps16) in zip(prompts, fp32, bf16):

@@ -288,7 +288,7 @@ def test_cuda(M, N, K, dtype, poisoned):
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,K", [(3072, 1024), (12288, 4096), (500, 2050), (25600, 5120)])
-@pytest.mark.parametrize("M", [1, 4, 8])
+@pytest.mark.parametrize("M", [1, 2, 4, 8])
 def test_cuda_gated(M, N, K, dtype, poisoned):
     """linear_silu_and_mul at Qwen3-0.6B's and -8B's gate_up shapes and an odd one."""
     from hotpath.ops.linear import triton_gemv
@@ -300,7 +300,7 @@ def test_cuda_gated(M, N, K, dtype, poisoned):
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("N,K", [(1024, 2048), (4096, 12288), (1000, 2050), (5120, 5120)])
-@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("M", [1, 2, 3, 8])
 def test_cuda_fused_norm_and_residual(M, N, K, dtype, poisoned):
     """The rms= prologue and residual epilogue at Qwen3 o_proj / down_proj shapes and an odd one,
     with choose_config's tiles (split K included)."""

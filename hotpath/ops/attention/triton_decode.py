@@ -5,11 +5,10 @@ One program handles (sequence, kv head, split of the context). Its query rows ar
 of the sequence times every q head sharing that kv head (GQA), so each K/V tile is read from memory
 once for the whole group and the dot products have enough rows for tensor cores. Splitting the
 context lets batch-1 long-context decode use every SM; each split writes its normalised partial
-output and log-sum-exp. A one-token call (batch-1 decode) then merges them in a kernel of its own,
-a program per (token, head) (_merge_head_kernel); calls with more query tokens a sequence (verify
-steps) have the last split of a (sequence, kv head) to finish (an atomic counter says which) merge
-them. With a single split the program writes the
-output directly.
+output and log-sum-exp. A call of one query token a sequence (decode) then merges them in a
+kernel of its own, a program per (token, head) (_merge_head_kernel); in calls with more query
+tokens a sequence (verify steps) the last split of a (sequence, kv head) to finish (an atomic
+counter says which) merges them. With a single split the program writes the output directly.
 
 At batch 1 the kernel is a chain of latencies, not a stream of bytes (a 1k context is ~2 MB), so
 it is arranged to have few dependent memory rounds after PDL's wait: before the wait, while the

@@ -8,11 +8,12 @@ weight is spread over many programs:
 - a program owns BLOCK_N output features (rows of the weight) and one split of K, and walks that
   split in [BLOCK_N, BLOCK_K] tiles read with wide loads along K, the weight's contiguous axis
   (or, at one row, holds all of K = BLOCK_K + TAIL_K as two tiles, so that no lane is masked);
-- without tensor cores (USE_DOT off; the GEMV case, M = 1) each tile is multiplied by x
-  element-wise and summed along K into an fp32 [BLOCK_N] accumulator. Summing every tile (rather
-  than once at the end) keeps the accumulator out of the registers, so more programs fit on an SM
-  and more loads are in flight (Triton does not pipeline loads that feed no dot, so a program
-  has one tile in flight). With tensor cores (M > 1) the weight is the tall operand,
+- without tensor cores (USE_DOT off; the GEMV case, M = 1, and two rows on small weights, see
+  hotpath.ops.linear.fma_rows) each tile is multiplied by x element-wise and summed along K into
+  an fp32 [BLOCK_N] accumulator, a row of x at a time. Summing every tile (rather than once at
+  the end) keeps the accumulator out of the registers, so more programs fit on an SM and more
+  loads are in flight (Triton does not pipeline loads that feed no dot, so a program has one
+  tile in flight). With tensor cores (more rows) the weight is the tall operand,
   acc[BLOCK_N, BLOCK_M] += w @ x^T, x's rows padded to BLOCK_M = 16, the least a dot takes, and
   Triton pipelines the tile loads through shared memory (num_stages);
 - with programmatic dependent launch (ops/triton_utils.py) the kernel starts while the previous
@@ -21,7 +22,7 @@ weight is spread over many programs:
 - the gated MLP's gate_up projection can run fused with SiLU-and-mul (GATED): a program's rows are
   pairs (gate row f, up row f), so it forms silu(gate) * up for its outputs itself, saving a launch
   and the [M, 2N] intermediate;
-- the RMSNorms between projections fold in (see DecoderLayer.forward_one_row): with a residual
+- the RMSNorms between projections fold in (see DecoderLayer.forward_few_rows): with a residual
   (linear_add_residual) the kernel adds its output into the residual stream in place and each N
   tile stores its rows' sum of squares of the new stream; with `rms` the next projection adds
   those partial sums (a few KB, read alongside x) in a fixed order, so every program gets the same
@@ -131,6 +132,7 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
     # 3072) as 2048 + 1024 made the step 8% slower than one 4096-wide tile, a quarter masked.
     # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
     # kernel beats cuBLAS (back-to-back sweeps).
+    # Two rows on a small weight (fma_rows) take the one-row configs (run K: Qwen3-0.6B's batch 2).
     if dispatch.fma_rows(M, N, K):
         block_n, num_stages, use_dot = 8, 1, False
         if tail_k := _tail_k(K):
@@ -234,9 +236,8 @@ def _dot_row(w, x_row, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr, NORM_INPUT
 @triton.jit
 def _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K: tl.constexpr,
               NORM_INPUT: tl.constexpr, BLOCK_M: tl.constexpr):
-    """[BLOCK_N, BLOCK_M] fp32 ([BLOCK_N] at one row): _dot_row for each of x's rows, with FMAs (no tensor cores), a row
-    at a time, so that one row's products are all that is live besides the tile. rstd
-    [BLOCK_M]: each row's 1 / RMS (NORM_INPUT)."""
+    """[BLOCK_N, BLOCK_M] fp32 ([BLOCK_N] at one row): _dot_row for each of x's rows, with FMAs
+    (no tensor cores). rstd [BLOCK_M]: each row's 1 / RMS (NORM_INPUT)."""
     if BLOCK_M == 1:
         # [BLOCK_N]: the caller's sum over K stays one-dimensional (a 2-D one took 158 registers
         # rather than 127 at Qwen3-32B's gate_up, Triton 3.6)
