@@ -73,7 +73,7 @@ def _unfused(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm
 
 
 def _gemv(**shapes):
-    """GEMV configs at M = 1 by weight shape: r{rows}x{K}=(block_n, block_k, split_k, warps[,
+    """GEMV configs on the one-row (FMA) path (M = 1, or 2 on small weights) by weight shape: r{rows}x{K}=(block_n, block_k, split_k, warps[,
     tail_k])."""
     return {tuple(int(v) for v in name[1:].split("x")): triton_gemv.GemvConfig(*c[:3], c[3], 1, False, *c[4:])
             for name, c in shapes.items()}
@@ -243,7 +243,7 @@ def main() -> None:
         layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
         table = GEMV.get(name, {})
         triton_gemv.choose_config = lambda M, N, K, device, t=table: (
-            t[(N, K)] if M == 1 and (N, K) in t else choose_config(M, N, K, device))
+            t[(N, K)] if (N, K) in t and linear_ops.fma_rows(M, N, K) else choose_config(M, N, K, device))
         kept = [(module, attr, getattr(module, attr)) for module, attr, _ in PATCHES.get(name, [])]
         for module, attr, value in PATCHES.get(name, []):
             setattr(module, attr, value)
