@@ -194,12 +194,13 @@ def test_gemv_config_at_few_rows():
     for K in (12288, 25600):
         narrow = triton_gemv.choose_config(1, 8, K, cpu)  # one N tile
         assert narrow.block_k < triton_gemv.WHOLE_K and narrow.split_k > 1
-    # a few rows on a small weight take the one-row configs; more rows, or a large weight,
-    # tensor cores
+    # a few rows on a small weight take the one-row configs in 4-row tiles; more rows, or a large
+    # weight, tensor cores
     for N, K in ((1024, 3072), (6144, 1024), (8, 25600)):
         one = triton_gemv.choose_config(1, N, K, cpu)
         for M in range(2, linear.GEMV_FMA_MAX_ROWS + 1):
-            assert triton_gemv.choose_config(M, N, K, cpu) == one
+            few = triton_gemv.choose_config(M, N, K, cpu)
+            assert few.block_n == 4 and (few.block_k, few.split_k, few.use_dot) == (one.block_k, one.split_k, False)
         assert triton_gemv.choose_config(linear.GEMV_FMA_MAX_ROWS + 1, N, K, cpu).use_dot
     assert triton_gemv.choose_config(2, 4096, 4096, cpu).use_dot
 
