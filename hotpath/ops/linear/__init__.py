@@ -21,10 +21,11 @@ from hotpath.ops.linear import reference
 GEMV_MAX_ROWS = 16
 MULTI_ROW_MAX_WEIGHT_ELEMENTS = 1 << 24
 # Two rows on a weight of at most 8M elements work as one row does (FMAs, the weight tile loading
-# before PDL's wait), on any shape: in the decode graph, batch 2 of Qwen3-0.6B (every projection
-# at most 6.3M elements) took 15% less time than with cuBLAS and the unfused layer (run K). Each
-# row's products take registers of their own, so an SM holds half as many weight bytes: on
-# Qwen3-8B's projections (16.7-101M elements) batch 2 took 30% more, and batch 4 of 0.6B 9% more.
+# before PDL's wait, in half-height tiles), on any shape: in the decode graph, batch 2 of
+# Qwen3-0.6B (every projection at most 6.3M elements) took 19% less time than with cuBLAS and the
+# unfused layer (run K). Each row's products take registers of their own, so an SM holds fewer
+# weight bytes in flight: on Qwen3-8B's projections (16.7-101M elements) batch 2 took 10-30% more
+# whatever the tiles, and 4 rows of 0.6B 9% more.
 GEMV_FMA_MAX_ROWS = 2
 FMA_MAX_WEIGHT_ELEMENTS = 1 << 23
 # fp32 too, so that GPU parity tests in fp32 run the decode path's fused forms
