@@ -204,8 +204,8 @@ GEMV = {
                          r151936x5120=(8, 2048, 1, 8)),
 }
 # Other variants: attributes set on modules while the variant's graph is captured (a script may
-# add entries and call main()). merge_in_attention: batch-1 decode attention merging its splits in
-# its last split to finish, as before run I, rather than in the merge kernel
+# add entries and call main()). merge_in_attention: decode attention merging its splits in its
+# last split to finish, as before run I (batch 1) and run K (batch 2-16), not in the merge kernel
 PATCHES: dict[str, list[tuple[object, str, object]]] = {
     "merge_in_attention": [(triton_decode, "MERGE_KERNEL", False)],
     # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round took two rounds for 9 splits
