@@ -26,7 +26,12 @@ import hotpath.ops.linear as linear_ops
 from hotpath.ops.attention import triton_decode
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch_dependents,
+    pdl_wait,
+    prefer_shared_memory_carveout,
+)
 from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
 
 
@@ -273,7 +278,11 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=200, help="graph replays a timing")
     ap.add_argument("--batch-size", type=int, default=1, help="sequences decoded a step")
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
+    ap.add_argument("--carveout", type=int, default=None,
+                    help="share of L1 / shared memory every kernel asks for as shared (percent)")
     ns = ap.parse_args()
+    if ns.carveout is not None:
+        prefer_shared_memory_carveout(ns.carveout)
     names = ns.variants.split(",")
     known = ["full", *PATCHES, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
     if unknown := [n for n in names if n not in known]:
@@ -335,6 +344,8 @@ def main() -> None:
         print(line + f"  logits diff {row['logits_max_diff_vs_first']:.3g}")
     Path(ns.out).mkdir(parents=True, exist_ok=True)
     suffix = f"_b{ns.batch_size}" if ns.batch_size > 1 else ""
+    if ns.carveout is not None:
+        suffix += f"_carveout{ns.carveout}"
     (Path(ns.out) / f"variants_{ns.preset}{suffix}.json").write_text(json.dumps(result, indent=1))
 
 

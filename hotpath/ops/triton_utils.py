@@ -120,6 +120,24 @@ _PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*
               torch.int32: "*i32", torch.int64: "*i64"}
 
 
+def prefer_shared_memory_carveout(percent: int) -> None:
+    """Every Triton kernel loaded from now on asks for `percent` of each SM's unified L1 / shared
+    memory as shared memory (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT). The driver
+    picks a kernel's split from its own needs otherwise, and an SM runs only programs of one
+    split at a time: a kernel of another split waits for the SM to drain."""
+    import ctypes
+
+    from triton import knobs
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+
+    def hook(module, function, name, metadata_group, hash) -> None:
+        rc = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(percent))
+        assert rc == 0, f"cuFuncSetAttribute(carveout) failed for {name}: CUresult {rc}"
+
+    knobs.runtime.kernel_load_end_hook.add(hook)
+
+
 def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[int, int]:
     """(registers a thread, spilled bytes a thread) of `fn` compiled for an NVIDIA GPU of compute
     capability `arch` as the launch fn[grid](*args, **kwargs) would specialise it (tensors 16-byte
