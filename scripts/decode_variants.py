@@ -278,11 +278,13 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=200, help="graph replays a timing")
     ap.add_argument("--batch-size", type=int, default=1, help="sequences decoded a step")
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
-    ap.add_argument("--carveout", type=int, default=None,
-                    help="share of L1 / shared memory every kernel asks for as shared (percent)")
+    ap.add_argument("--carveout", default=None,
+                    help="share of L1 / shared memory kernels ask for as shared, percent: "
+                         "N, or N,kernel_name=M,... for other shares by kernel")
     ns = ap.parse_args()
     if ns.carveout is not None:
-        prefer_shared_memory_carveout(ns.carveout)
+        default, *named = ns.carveout.split(",")
+        prefer_shared_memory_carveout(int(default), {k: int(v) for k, v in (n.split("=") for n in named)})
     names = ns.variants.split(",")
     known = ["full", *PATCHES, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
     if unknown := [n for n in names if n not in known]:
@@ -345,7 +347,7 @@ def main() -> None:
     Path(ns.out).mkdir(parents=True, exist_ok=True)
     suffix = f"_b{ns.batch_size}" if ns.batch_size > 1 else ""
     if ns.carveout is not None:
-        suffix += f"_carveout{ns.carveout}"
+        suffix += "_carveout" + ns.carveout.replace(",", "_").replace("=", "")
     (Path(ns.out) / f"variants_{ns.preset}{suffix}.json").write_text(json.dumps(result, indent=1))
 
 

@@ -120,9 +120,10 @@ _PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*
               torch.int32: "*i32", torch.int64: "*i64"}
 
 
-def prefer_shared_memory_carveout(percent: int) -> None:
-    """Every Triton kernel loaded from now on asks for `percent` of each SM's unified L1 / shared
-    memory as shared memory (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT). The driver
+def prefer_shared_memory_carveout(percent: int, by_kernel: dict[str, int] | None = None) -> None:
+    """Every Triton kernel loaded from now on asks for `percent` (by_kernel: per kernel name) of
+    each SM's unified L1 / shared memory as shared memory
+    (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT). The driver
     picks a kernel's split from its own needs otherwise, and an SM runs only programs of one
     split at a time: a kernel of another split waits for the SM to drain."""
     import ctypes
@@ -132,7 +133,8 @@ def prefer_shared_memory_carveout(percent: int) -> None:
     libcuda = ctypes.CDLL("libcuda.so.1")
 
     def hook(module, function, name, metadata_group, hash) -> None:
-        rc = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(percent))
+        share = (by_kernel or {}).get(name, percent)
+        rc = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(share))
         assert rc == 0, f"cuFuncSetAttribute(carveout) failed for {name}: CUresult {rc}"
 
     knobs.runtime.kernel_load_end_hook.add(hook)
