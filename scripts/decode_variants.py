@@ -30,7 +30,7 @@ from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch_dependents,
     pdl_wait,
-    prefer_shared_memory_carveout,
+    SharedMemoryCarveout,
 )
 from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
 
@@ -278,16 +278,11 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=200, help="graph replays a timing")
     ap.add_argument("--batch-size", type=int, default=1, help="sequences decoded a step")
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
-    ap.add_argument("--carveout", default=None,
-                    help="share of L1 / shared memory kernels ask for as shared, percent: "
-                         "N, or N,kernel_name=M,... for other shares by kernel")
     ns = ap.parse_args()
-    if ns.carveout is not None:
-        default, *named = ns.carveout.split(",")
-        prefer_shared_memory_carveout(int(default), {k: int(v) for k, v in (n.split("=") for n in named)})
+    carveout = SharedMemoryCarveout()
     names = ns.variants.split(",")
     known = ["full", *PATCHES, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
-    if unknown := [n for n in names if n not in known]:
+    if unknown := [n for n in names if n not in known and not n.startswith("carveout")]:
         raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(known)}")
     engine = decoding_engine(ns.preset, ns.batch_size)
     runner = engine.runner
@@ -305,7 +300,10 @@ def main() -> None:
         for module, attr, value in PATCHES.get(name, []):
             setattr(module, attr, value)
         runner.graphs = {}
+        # carveoutN: the graph captured with every kernel asking for N% shared memory
+        carveout.set(int(name[len("carveout"):]) if name.startswith("carveout") else -1)
         runner._capture_decode_graphs()
+        carveout.set(-1)
         for module, attr, value in kept:
             setattr(module, attr, value)
         runner.decode_inputs.fill(seqs, ns.batch_size)
@@ -346,8 +344,6 @@ def main() -> None:
         print(line + f"  logits diff {row['logits_max_diff_vs_first']:.3g}")
     Path(ns.out).mkdir(parents=True, exist_ok=True)
     suffix = f"_b{ns.batch_size}" if ns.batch_size > 1 else ""
-    if ns.carveout is not None:
-        suffix += "_carveout" + ns.carveout.replace(",", "_").replace("=", "")
     (Path(ns.out) / f"variants_{ns.preset}{suffix}.json").write_text(json.dumps(result, indent=1))
 
 

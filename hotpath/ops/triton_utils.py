@@ -120,24 +120,37 @@ _PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*
               torch.int32: "*i32", torch.int64: "*i64"}
 
 
-def prefer_shared_memory_carveout(percent: int, by_kernel: dict[str, int] | None = None) -> None:
-    """Every Triton kernel loaded from now on asks for `percent` (by_kernel: per kernel name) of
-    each SM's unified L1 / shared memory as shared memory
-    (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT). The driver
-    picks a kernel's split from its own needs otherwise, and an SM runs only programs of one
-    split at a time: a kernel of another split waits for the SM to drain."""
-    import ctypes
+class SharedMemoryCarveout:
+    """The share of each SM's unified L1 / shared memory that Triton kernels ask for as shared
+    memory (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent; -1: the driver's
+    choice), set on every kernel loaded in the process: `set(p)` changes it for those loaded so
+    far and those loaded later."""
 
-    from triton import knobs
+    def __init__(self) -> None:
+        import ctypes
 
-    libcuda = ctypes.CDLL("libcuda.so.1")
+        from triton import knobs
 
-    def hook(module, function, name, metadata_group, hash) -> None:
-        share = (by_kernel or {}).get(name, percent)
-        rc = libcuda.cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(share))
+        self._ctypes = ctypes
+        self._libcuda = ctypes.CDLL("libcuda.so.1")
+        self._functions: list[tuple[int, str]] = []
+        self.percent = -1
+        knobs.runtime.kernel_load_end_hook.add(self._loaded)
+
+    def _apply(self, function: int, name: str) -> None:
+        c = self._ctypes
+        rc = self._libcuda.cuFuncSetAttribute(c.c_void_p(function), 9, c.c_int(self.percent))
         assert rc == 0, f"cuFuncSetAttribute(carveout) failed for {name}: CUresult {rc}"
 
-    knobs.runtime.kernel_load_end_hook.add(hook)
+    def _loaded(self, module, function, name, metadata_group, hash) -> None:
+        self._functions.append((function, name))
+        if self.percent != -1:
+            self._apply(function, name)
+
+    def set(self, percent: int) -> None:
+        self.percent = percent
+        for function, name in self._functions:
+            self._apply(function, name)
 
 
 def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[int, int]:
