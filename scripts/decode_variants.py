@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 import hotpath.layers.attention as layer_attention
-import hotpath.models.llama as llama_model
 import hotpath.ops.linear as linear_ops
+import hotpath.runner.model_runner as model_runner
 from hotpath.ops.attention import triton_decode
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
@@ -30,7 +30,6 @@ from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch_dependents,
     pdl_wait,
-    SharedMemoryCarveout,
 )
 from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
 
@@ -211,37 +210,6 @@ GEMV = {
 }
 
 
-def _o_proj(add_residual, shapes):
-    """llama's linear_add_residual with one-row projections of the given [N, K] weight shapes
-    (o_proj's) done by add_residual(x, weight, residual)."""
-    original = llama_model.linear_add_residual
-
-    def patched(x, weight, residual):
-        if x.shape[0] == 1 and tuple(weight.shape) in shapes:
-            return add_residual(x, weight, residual)
-        return original(x, weight, residual)
-    return patched
-
-
-def _smem_o(block_n, chunk_k, num_warps, shapes=((4096, 4096),)):
-    """o_proj through the shared-memory GEMV (hotpath.ops.linear.smem_gemv)."""
-    from hotpath.ops.linear import smem_gemv
-
-    return _o_proj(lambda x, w, r: smem_gemv.linear_add_residual(x, w, r, block_n, chunk_k, num_warps),
-                   shapes)
-
-
-def _o_rows(fraction, shapes=((4096, 4096),)):
-    """o_proj on the first 1/fraction of its rows (wrong outputs): a weight that all loads
-    before PDL's wait, to bound what holding more of it on chip could gain."""
-    original = llama_model.linear_add_residual
-
-    def head(x, w, r):
-        n = w.shape[0] // fraction
-        return original(x, w[:n], r[:, :n])
-    return _o_proj(head, shapes)
-
-
 # Other variants: attributes set on modules while the variant's graph is captured (a script may
 # add entries and call main()). merge_in_attention: decode attention merging its splits in its
 # last split to finish, as before run I (batch 1) and run K (batch 2-16), not in the merge kernel
@@ -257,15 +225,9 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
     # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
-    # Qwen3-8B's o_proj with its weight tile in shared memory: rows a program, K a chunk, warps
-    "o_smem": [(llama_model, "linear_add_residual", _smem_o(8, 1024, 4))],
-    "o_smem_n4w2": [(llama_model, "linear_add_residual", _smem_o(4, 512, 2))],
-    "o_smem_n4w4": [(llama_model, "linear_add_residual", _smem_o(4, 1024, 4))],
-    "o_smem_n2w2": [(llama_model, "linear_add_residual", _smem_o(2, 512, 2))],
-    "06_o_smem": [(llama_model, "linear_add_residual", _smem_o(8, 1024, 4, ((1024, 2048),)))],
-    "06_o_smem_n4w2": [(llama_model, "linear_add_residual", _smem_o(4, 512, 2, ((1024, 2048),)))],
-    # 8B's o_proj on a quarter of its rows (8 MB, all loaded before the wait; wrong outputs)
-    "o_quarter": [(llama_model, "linear_add_residual", _o_rows(4))],
+    # the kernels of an all-Triton step asking for N% of L1 / shared memory as shared memory
+    # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
+    **{f"carveout{n}": [(model_runner, "DECODE_CARVEOUT", n)] for n in (-1, 0, 5, 8, 12, 15, 20, 30)},
 }
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 
@@ -279,10 +241,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1, help="sequences decoded a step")
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
-    carveout = SharedMemoryCarveout()
     names = ns.variants.split(",")
     known = ["full", *PATCHES, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
-    if unknown := [n for n in names if n not in known and not n.startswith("carveout")]:
+    if unknown := [n for n in names if n not in known]:
         raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(known)}")
     engine = decoding_engine(ns.preset, ns.batch_size)
     runner = engine.runner
@@ -300,10 +261,7 @@ def main() -> None:
         for module, attr, value in PATCHES.get(name, []):
             setattr(module, attr, value)
         runner.graphs = {}
-        # carveoutN: the graph captured with every kernel asking for N% shared memory
-        carveout.set(int(name[len("carveout"):]) if name.startswith("carveout") else -1)
         runner._capture_decode_graphs()
-        carveout.set(-1)
         for module, attr, value in kept:
             setattr(module, attr, value)
         runner.decode_inputs.fill(seqs, ns.batch_size)

@@ -122,16 +122,21 @@ class DecoderModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        first = self.layers[0]
-        projections = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
-                       first.mlp.down_proj)
-        if all(use_gemv(x, p.weight) for p in projections):
+        if self.few_rows(x):
             return self._forward_few_rows(positions, x, batch)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, batch)
         x, _ = self.norm(x, residual)
         return x
+
+    def few_rows(self, x: torch.Tensor) -> bool:
+        """Whether a forward of x ([num_tokens, hidden]) runs every projection as a GEMV, so the
+        fused layer (DecoderLayer.forward_few_rows): every kernel of the step is Triton's."""
+        first = self.layers[0]
+        projections = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
+                       first.mlp.down_proj)
+        return all(use_gemv(x, p.weight) for p in projections)
 
     def _forward_few_rows(
         self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch

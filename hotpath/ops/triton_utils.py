@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -120,37 +122,51 @@ _PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*
               torch.int32: "*i32", torch.int64: "*i64"}
 
 
-class SharedMemoryCarveout:
-    """The share of each SM's unified L1 / shared memory that Triton kernels ask for as shared
-    memory (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent; -1: the driver's
-    choice), set on every kernel loaded in the process: `set(p)` changes it for those loaded so
-    far and those loaded later."""
+# ---- the L1 / shared memory split -------------------------------------------------------------
+# An SM's 256 KB of L1 and shared memory are one array, split by a carveout. By default the driver
+# picks each kernel's split from its shared memory needs and from the kernels already running, and
+# an SM holds programs of one split at a time, so a kernel that gets another split waits for SMs
+# to drain. The batch-1 decode step chains ~6 kernels a layer that overlap through PDL, and asking
+# every one of them for the same split made it faster (run L, docs/benchmarks.md). Graphs keep
+# the split their kernels had when they were captured, so the runner sets it around a capture.
+# Only kernels loaded after this module: it records each kernel as Triton loads it.
+_loaded_kernels: list[tuple[int, str]] = []
+_carveout = [-1]  # percent of the array as shared memory; -1: the driver's choice
 
-    def __init__(self) -> None:
-        import ctypes
 
-        from triton import knobs
+def _record_kernel(module, function, name, metadata_group, hash) -> None:
+    _loaded_kernels.append((function, name))
+    if _carveout[0] != -1:
+        _set_kernel_carveout(function, name, _carveout[0])
 
-        self._ctypes = ctypes
-        self._libcuda = ctypes.CDLL("libcuda.so.1")
-        self._functions: list[tuple[int, str]] = []
-        self.percent = -1
-        knobs.runtime.kernel_load_end_hook.add(self._loaded)
 
-    def _apply(self, function: int, name: str) -> None:
-        c = self._ctypes
-        rc = self._libcuda.cuFuncSetAttribute(c.c_void_p(function), 9, c.c_int(self.percent))
-        assert rc == 0, f"cuFuncSetAttribute(carveout) failed for {name}: CUresult {rc}"
+def _set_kernel_carveout(function: int, name: str, percent: int) -> None:
+    import ctypes
 
-    def _loaded(self, module, function, name, metadata_group, hash) -> None:
-        self._functions.append((function, name))
-        if self.percent != -1:
-            self._apply(function, name)
+    # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+    rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(percent))
+    assert rc == 0, f"cuFuncSetAttribute(carveout) failed for {name}: CUresult {rc}"
 
-    def set(self, percent: int) -> None:
-        self.percent = percent
-        for function, name in self._functions:
-            self._apply(function, name)
+
+if torch.version.cuda is not None and hasattr(triton.knobs.runtime, "kernel_load_end_hook"):
+    triton.knobs.runtime.kernel_load_end_hook.add(_record_kernel)
+
+
+@contextlib.contextmanager
+def shared_memory_carveout(percent: int) -> Iterator[None]:
+    """Every Triton kernel (loaded so far, or while inside) asks for `percent` of each SM's L1 /
+    shared memory as shared memory (CUDA only; -1: the driver's choice); back to the driver's
+    choice on exit."""
+    def set_all(value: int) -> None:
+        _carveout[0] = value
+        for function, name in _loaded_kernels:
+            _set_kernel_carveout(function, name, value)
+
+    set_all(percent)
+    try:
+        yield
+    finally:
+        set_all(-1)
 
 
 def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[int, int]:

@@ -10,6 +10,7 @@ sampled ids on the device (async scheduling).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,13 @@ class LaunchedStep:
 class Replayable(Protocol):
     def replay(self) -> None: ...
 
+
+# Share of each SM's L1 / shared memory (percent) every kernel of a decode graph whose step is all
+# Triton kernels (the few-rows forward) asks for as shared memory. H200, graph replays (run L,
+# docs/benchmarks.md): 8-15 all beat the driver's own choice, 10 by 1.1-1.4% at Qwen3-8B, 3.4-3.5%
+# at 0.6B and 2.7% at 32B; 20 and more starve the GEMVs' loads of L1 at 8B, 0-5 lose at 0.6B. Not
+# for steps with cuBLAS GEMMs, whose splits the driver picks anyway: batch 8 of 8B was 12% slower.
+DECODE_CARVEOUT = 10
 
 # records a decode forward once: (something to replay it with, its logits output tensor)
 Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replayable, torch.Tensor]]
@@ -324,15 +332,25 @@ class ModelRunner:
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_bs} | {max_bs})
         max_blocks = -(-ec.max_model_len // self.block_size)
         self.decode_inputs = DecodeInputs(max_bs, max_blocks, self.scratch_block, self.block_size, self.device)
+        stand_in = capture is not None
         if capture is None:
             pool = torch.cuda.graph_pool_handle()  # shared: graphs never replay at the same time
 
             def capture(forward: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
                 return _capture_cuda_graph(forward, pool)
         for bs in reversed(sizes):  # largest first, so smaller graphs reuse its memory pool
-            with torch.inference_mode():
+            carveout = contextlib.nullcontext() if stand_in else self._decode_carveout(bs)
+            with torch.inference_mode(), carveout:
                 self.graphs[bs] = capture(self._decode_forward(bs))
         self.graphs = dict(sorted(self.graphs.items()))  # ascending, for _graph_size
+
+    def _decode_carveout(self, bs: int) -> contextlib.AbstractContextManager:
+        """The L1 / shared memory split a decode graph of `bs` rows is captured with: the same
+        for every kernel where the step is all Triton kernels (the few-rows forward)."""
+        from hotpath.ops.triton_utils import shared_memory_carveout
+
+        x = torch.empty(bs, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
+        return shared_memory_carveout(DECODE_CARVEOUT if self.model.model.few_rows(x) else -1)
 
     def _decode_forward(self, bs: int) -> Callable[[], torch.Tensor]:
         """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on
