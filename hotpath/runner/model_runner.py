@@ -56,11 +56,12 @@ class Replayable(Protocol):
     def replay(self) -> None: ...
 
 
-# Share of each SM's L1 / shared memory (percent) every kernel of a decode graph whose step is all
-# Triton kernels (the few-rows forward) asks for as shared memory. H200, graph replays (run L,
-# docs/benchmarks.md): 8-15 all beat the driver's own choice, 10 by 1.1-1.4% at Qwen3-8B, 3.4-3.5%
-# at 0.6B and 2.7% at 32B; 20 and more starve the GEMVs' loads of L1 at 8B, 0-5 lose at 0.6B. Not
-# for steps with cuBLAS GEMMs, whose splits the driver picks anyway: batch 8 of 8B was 12% slower.
+# Share of each SM's L1 / shared memory (percent) every kernel of the batch-1 decode graph asks for
+# as shared memory, where that step is all Triton kernels (the few-rows forward). H200, graph
+# replays (run L, docs/benchmarks.md): 8-15 all beat the driver's own choice, 10 by 1.0-1.4% at
+# Qwen3-8B, 2.4-3.5% at 0.6B and 2.7% at 32B; 20 and more starve the GEMVs' loads of L1 at 8B, 0-5
+# lose at 0.6B. Not at two rows (0.6B's batch 2, also all Triton: 8.5% slower) nor where cuBLAS
+# runs (8B's batch 8: 12% slower).
 DECODE_CARVEOUT = 10
 
 # records a decode forward once: (something to replay it with, its logits output tensor)
@@ -346,11 +347,12 @@ class ModelRunner:
 
     def _decode_carveout(self, bs: int) -> contextlib.AbstractContextManager:
         """The L1 / shared memory split a decode graph of `bs` rows is captured with: the same
-        for every kernel where the step is all Triton kernels (the few-rows forward)."""
+        for every kernel where one row's step is all Triton kernels (the few-rows forward)."""
         from hotpath.ops.triton_utils import shared_memory_carveout
 
         x = torch.empty(bs, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
-        return shared_memory_carveout(DECODE_CARVEOUT if self.model.model.few_rows(x) else -1)
+        one_row = bs == 1 and self.model.model.few_rows(x)
+        return shared_memory_carveout(DECODE_CARVEOUT if one_row else -1)
 
     def _decode_forward(self, bs: int) -> Callable[[], torch.Tensor]:
         """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on
