@@ -30,6 +30,7 @@ from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch_dependents,
     pdl_wait,
+    shared_memory_carveout,
 )
 from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
 
@@ -227,7 +228,14 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
     # the kernels of an all-Triton step asking for N% of L1 / shared memory as shared memory
     # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
+    "w_cg": [(triton_gemv, "WEIGHT_LOAD", (".cg", ""))],
+    "w_evict_first": [(triton_gemv, "WEIGHT_LOAD", ("", "evict_first"))],
+    "w_cg_evict_first": [(triton_gemv, "WEIGHT_LOAD", (".cg", "evict_first"))],
+    "w_cs": [(triton_gemv, "WEIGHT_LOAD", (".cs", ""))],
     **{f"carveout{n}": [(model_runner, "DECODE_CARVEOUT", n)] for n in (-1, 0, 5, 8, 12, 15, 20, 30)},
+    # every graph (any batch) captured so
+    **{f"all_carveout{n}": [(model_runner.ModelRunner, "_decode_carveout",
+                             lambda self, bs, n=n: shared_memory_carveout(n))] for n in (5, 10, 20, 30)},
 }
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 
