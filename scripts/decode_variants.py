@@ -228,10 +228,8 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
     # the kernels of an all-Triton step asking for N% of L1 / shared memory as shared memory
     # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
-    "w_cg": [(triton_gemv, "WEIGHT_LOAD", (".cg", ""))],
-    "w_evict_first": [(triton_gemv, "WEIGHT_LOAD", ("", "evict_first"))],
-    "w_cg_evict_first": [(triton_gemv, "WEIGHT_LOAD", (".cg", "evict_first"))],
-    "w_cs": [(triton_gemv, "WEIGHT_LOAD", (".cs", ""))],
+    # the GEMV's weight loads under L2's default eviction policy (evict_first since run L)
+    "w_evict_normal": [(triton_gemv, "WEIGHT_EVICTION", "")],
     **{f"carveout{n}": [(model_runner, "DECODE_CARVEOUT", n)] for n in (-1, 0, 5, 8, 12, 15, 20, 30)},
     # every graph (any batch) captured so
     **{f"all_carveout{n}": [(model_runner.ModelRunner, "_decode_carveout",
