@@ -220,7 +220,7 @@ def _normed_x(x, rk, norm_w_ptr, rstd, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_rows, rk, K, EVEN_K: tl.constexpr, EVICT: tl.constexpr = ""):
+def _w_tile(w_rows, rk, K, EVEN_K: tl.constexpr, EVICT: tl.constexpr):
     """The weight's [BLOCK_N, BLOCK_K] tile at columns rk of the rows w_rows ([BLOCK_N, 1]);
     EVICT: the loads' L2 eviction policy."""
     if EVEN_K:
@@ -331,7 +331,7 @@ def _gemv_kernel(
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
             if NORM_INPUT:
                 x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, EVEN_K)
-            acc = tl.dot(_w_tile(w_rows, rk, K, EVEN_K), tl.trans(x), acc,
+            acc = tl.dot(_w_tile(w_rows, rk, K, EVEN_K, ""), tl.trans(x), acc,
                          input_precision=DOT_PRECISION)
     else:
         # The first tile is loaded before waiting for the previous kernel (the weights are not
