@@ -209,8 +209,6 @@ GEMV = {
                          r51200x5120=(8, 2048, 1, 8), r5120x25600=(8, 2048, 1, 8),
                          r151936x5120=(8, 2048, 1, 8)),
 }
-
-
 # Other variants: attributes set on modules while the variant's graph is captured (a script may
 # add entries and call main()). merge_in_attention: decode attention merging its splits in its
 # last split to finish, as before run I (batch 1) and run K (batch 2-16), not in the merge kernel
@@ -226,12 +224,12 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
     # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
-    # the kernels of an all-Triton step asking for N% of L1 / shared memory as shared memory
-    # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
     # the GEMV's weight loads under L2's default eviction policy (evict_first since run L)
     "w_evict_normal": [(triton_gemv, "WEIGHT_EVICTION", "")],
+    # the batch-1 graph's kernels asking for N% of L1 / shared memory as shared memory
+    # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
     **{f"carveout{n}": [(model_runner, "DECODE_CARVEOUT", n)] for n in (-1, 0, 5, 8, 12, 15, 20, 30)},
-    # every graph (any batch) captured so
+    # every graph (any batch) captured with every kernel asking for N%
     **{f"all_carveout{n}": [(model_runner.ModelRunner, "_decode_carveout",
                              lambda self, bs, n=n: shared_memory_carveout(n))] for n in (5, 10, 20, 30)},
 }

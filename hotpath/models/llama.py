@@ -131,8 +131,8 @@ class DecoderModel(nn.Module):
         return x
 
     def few_rows(self, x: torch.Tensor) -> bool:
-        """Whether a forward of x ([num_tokens, hidden]) runs every projection as a GEMV, so the
-        fused layer (DecoderLayer.forward_few_rows): every kernel of the step is Triton's."""
+        """Whether a forward of x ([num_tokens, hidden]) runs every projection of its layers as a
+        Triton GEMV, so the fused layer (DecoderLayer.forward_few_rows)."""
         first = self.layers[0]
         projections = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
                        first.mlp.down_proj)

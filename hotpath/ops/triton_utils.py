@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 from collections.abc import Iterator
 
@@ -140,16 +142,20 @@ def _record_kernel(module, function, name, metadata_group, hash) -> None:
         _set_kernel_carveout(function, name, _carveout[0])
 
 
-def _set_kernel_carveout(function: int, name: str, percent: int) -> None:
-    import ctypes
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
 
+
+def _set_kernel_carveout(function: int, name: str, percent: int) -> None:
     # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
-    rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(percent))
+    rc = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(function), 9, ctypes.c_int(percent))
     assert rc == 0, f"cuFuncSetAttribute(carveout) failed for {name}: CUresult {rc}"
 
 
-if torch.version.cuda is not None and hasattr(triton.knobs.runtime, "kernel_load_end_hook"):
-    triton.knobs.runtime.kernel_load_end_hook.add(_record_kernel)
+_load_hooks = getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "kernel_load_end_hook", None)
+if torch.version.cuda is not None and _load_hooks is not None:
+    _load_hooks.add(_record_kernel)
 
 
 @contextlib.contextmanager
