@@ -131,15 +131,20 @@ _PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*
 # to drain. The batch-1 decode step chains ~6 kernels a layer that overlap through PDL, and asking
 # every one of them for the same split made it faster (run L, docs/benchmarks.md). Graphs keep
 # the split their kernels had when they were captured, so the runner sets it around a capture.
-# Only kernels loaded after this module: it records each kernel as Triton loads it.
-_loaded_kernels: list[tuple[int, str]] = []
+# Only kernels loaded after this module: it records each kernel as Triton loads it (and forgets
+# it where Triton unloads it, which Triton 3.7+ does when a compiled kernel is freed).
+_loaded_kernels: dict[int, str] = {}  # CUfunction handle -> kernel name
 _carveout = [-1]  # percent of the array as shared memory; -1: the driver's choice
 
 
 def _record_kernel(module, function, name, metadata_group, hash) -> None:
-    _loaded_kernels.append((function, name))
+    _loaded_kernels[function] = name
     if _carveout[0] != -1:
         _set_kernel_carveout(function, name, _carveout[0])
+
+
+def _forget_kernel(module, function, name, metadata_group, hash) -> None:
+    _loaded_kernels.pop(function, None)
 
 
 @functools.cache
@@ -153,9 +158,11 @@ def _set_kernel_carveout(function: int, name: str, percent: int) -> None:
     assert rc == 0, f"cuFuncSetAttribute(carveout) failed for {name}: CUresult {rc}"
 
 
-_load_hooks = getattr(getattr(getattr(triton, "knobs", None), "runtime", None), "kernel_load_end_hook", None)
-if torch.version.cuda is not None and _load_hooks is not None:
-    _load_hooks.add(_record_kernel)
+_runtime_hooks = getattr(getattr(triton, "knobs", None), "runtime", None)
+if torch.version.cuda is not None and hasattr(getattr(_runtime_hooks, "kernel_load_end_hook", None), "add"):
+    _runtime_hooks.kernel_load_end_hook.add(_record_kernel)
+    if hasattr(getattr(_runtime_hooks, "kernel_unload_hook", None), "add"):
+        _runtime_hooks.kernel_unload_hook.add(_forget_kernel)
 
 
 @contextlib.contextmanager
@@ -165,7 +172,7 @@ def shared_memory_carveout(percent: int) -> Iterator[None]:
     choice on exit."""
     def set_all(value: int) -> None:
         _carveout[0] = value
-        for function, name in _loaded_kernels:
+        for function, name in _loaded_kernels.items():
             _set_kernel_carveout(function, name, value)
 
     set_all(percent)

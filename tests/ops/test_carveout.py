@@ -19,6 +19,7 @@ def _carveout_of(function: int) -> int:
 
 @cuda
 def test_shared_memory_carveout(gpu_triton):
+    """On the GPU: the attribute as the driver reports it."""
     from hotpath.ops.norm import triton as norm_triton
     from hotpath.ops.triton_utils import _loaded_kernels, shared_memory_carveout
 
@@ -30,10 +31,32 @@ def test_shared_memory_carveout(gpu_triton):
     assert _loaded_kernels, "the load hook recorded no kernel"
     loaded = len(_loaded_kernels)
     with shared_memory_carveout(10):
-        assert all(_carveout_of(f) == 10 for f, _ in _loaded_kernels)
+        assert all(_carveout_of(f) == 10 for f in _loaded_kernels)
         # a kernel loaded inside the context (another specialisation) gets the split too
         norm_triton.rms_norm(x[:, :24].contiguous(), w[:24].contiguous(), 1e-6)
         torch.cuda.synchronize()
         assert len(_loaded_kernels) > loaded
-        assert _carveout_of(_loaded_kernels[-1][0]) == 10
-    assert all(_carveout_of(f) == -1 for f, _ in _loaded_kernels)
+        assert _carveout_of(list(_loaded_kernels)[-1]) == 10
+    assert all(_carveout_of(f) == -1 for f in _loaded_kernels)
+
+
+def test_carveout_bookkeeping(monkeypatch):
+    """On any machine: which kernels the context sets, and to what (the driver call stubbed)."""
+    from hotpath.ops import triton_utils
+
+    calls = []
+    monkeypatch.setattr(triton_utils, "_set_kernel_carveout", lambda f, name, p: calls.append((f, p)))
+    monkeypatch.setattr(triton_utils, "_loaded_kernels", {})
+    triton_utils._record_kernel(None, 101, "a", None, None)
+    triton_utils._record_kernel(None, 102, "b", None, None)
+    assert calls == []  # the driver's choice until asked otherwise
+    with triton_utils.shared_memory_carveout(10):
+        assert sorted(calls) == [(101, 10), (102, 10)]
+        triton_utils._record_kernel(None, 103, "c", None, None)  # loaded inside: set at once
+        assert calls[-1] == (103, 10)
+        triton_utils._forget_kernel(None, 102, "b", None, None)  # unloaded: never touched again
+        calls.clear()
+    assert sorted(calls) == [(101, -1), (103, -1)]
+    calls.clear()
+    triton_utils._record_kernel(None, 104, "d", None, None)
+    assert calls == []
