@@ -209,6 +209,18 @@ GEMV = {
                          r51200x5120=(8, 2048, 1, 8), r5120x25600=(8, 2048, 1, 8),
                          r151936x5120=(8, 2048, 1, 8)),
 }
+
+
+def _carveouts(percent: int, **by_kernel: int) -> list[tuple[object, str, object]]:
+    """The batch-1 graph captured with every kernel asking for `percent`% shared memory, and the
+    kernels named asking for their own share (other graphs: the driver's choice)."""
+    def carveout(self, bs: int):
+        return shared_memory_carveout(percent, by_kernel) if bs == 1 else shared_memory_carveout(-1)
+    return [(model_runner.ModelRunner, "_decode_carveout", carveout)]
+
+
+ATTENTION_KERNELS = ("_decode_split_kernel", "_merge_head_kernel")
+
 # Other variants: attributes set on modules while the variant's graph is captured (a script may
 # add entries and call main()). merge_in_attention: decode attention merging its splits in its
 # last split to finish, as before run I (batch 1) and run K (batch 2-16), not in the merge kernel
@@ -229,6 +241,10 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # the batch-1 graph's kernels asking for N% of L1 / shared memory as shared memory
     # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
     **{f"carveout{n}": [(model_runner, "DECODE_CARVEOUT", n)] for n in (-1, 0, 5, 8, 12, 15, 20, 30)},
+    # the batch-1 graph with the attention kernels or the GEMVs asking for other shares than the rest
+    **{f"c{p}_attn{a}": _carveouts(p, **dict.fromkeys(ATTENTION_KERNELS, a))
+       for p, a in ((10, 5), (10, 20), (10, 30), (5, 10), (15, 10))},
+    **{f"c10_gemv{g}": _carveouts(10, _gemv_kernel=g) for g in (5, 8, 12, 15)},
     # every graph (any batch) captured with every kernel asking for N%
     **{f"all_carveout{n}": [(model_runner.ModelRunner, "_decode_carveout",
                              lambda self, bs, n=n: shared_memory_carveout(n))] for n in (5, 10, 20, 30)},

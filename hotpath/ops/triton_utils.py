@@ -134,13 +134,19 @@ _PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*
 # Only kernels loaded after this module: it records each kernel as Triton loads it (and forgets
 # it where Triton unloads it, which Triton 3.7+ does when a compiled kernel is freed).
 _loaded_kernels: dict[int, str] = {}  # CUfunction handle -> kernel name
-_carveout = [-1]  # percent of the array as shared memory; -1: the driver's choice
+# percent of the array as shared memory, and per kernel name where it differs; -1: the driver's
+_carveout: tuple[int, dict[str, int]] = (-1, {})
+
+
+def _share(name: str) -> int:
+    percent, by_kernel = _carveout
+    return by_kernel.get(name, percent)
 
 
 def _record_kernel(module, function, name, metadata_group, hash) -> None:
     _loaded_kernels[function] = name
-    if _carveout[0] != -1:
-        _set_kernel_carveout(function, name, _carveout[0])
+    if _share(name) != -1:
+        _set_kernel_carveout(function, name, _share(name))
 
 
 def _forget_kernel(module, function, name, metadata_group, hash) -> None:
@@ -166,20 +172,21 @@ if torch.version.cuda is not None and hasattr(getattr(_runtime_hooks, "kernel_lo
 
 
 @contextlib.contextmanager
-def shared_memory_carveout(percent: int) -> Iterator[None]:
-    """Every Triton kernel (loaded so far, or while inside) asks for `percent` of each SM's L1 /
-    shared memory as shared memory (CUDA only; -1: the driver's choice); back to the driver's
-    choice on exit."""
-    def set_all(value: int) -> None:
-        _carveout[0] = value
+def shared_memory_carveout(percent: int, by_kernel: dict[str, int] | None = None) -> Iterator[None]:
+    """Every Triton kernel (loaded so far, or while inside) asks for `percent` (or, by kernel
+    name, `by_kernel`'s) of each SM's L1 / shared memory as shared memory (CUDA only; -1: the
+    driver's choice); back to the driver's choice on exit."""
+    def set_all(value: tuple[int, dict[str, int]]) -> None:
+        global _carveout
+        _carveout = value
         for function, name in _loaded_kernels.items():
-            _set_kernel_carveout(function, name, value)
+            _set_kernel_carveout(function, name, _share(name))
 
-    set_all(percent)
+    set_all((percent, dict(by_kernel or {})))
     try:
         yield
     finally:
-        set_all(-1)
+        set_all((-1, {}))
 
 
 def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[int, int]:

@@ -60,3 +60,15 @@ def test_carveout_bookkeeping(monkeypatch):
     calls.clear()
     triton_utils._record_kernel(None, 104, "d", None, None)
     assert calls == []
+
+
+def test_carveout_by_kernel_name(monkeypatch):
+    from hotpath.ops import triton_utils
+
+    calls = []
+    monkeypatch.setattr(triton_utils, "_set_kernel_carveout", lambda f, name, p: calls.append((name, p)))
+    monkeypatch.setattr(triton_utils, "_loaded_kernels", {})
+    triton_utils._record_kernel(None, 1, "_gemv_kernel", None, None)
+    with triton_utils.shared_memory_carveout(10, {"_decode_split_kernel": 20}):
+        triton_utils._record_kernel(None, 2, "_decode_split_kernel", None, None)
+        assert calls == [("_gemv_kernel", 10), ("_decode_split_kernel", 20)]
