@@ -236,7 +236,7 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
     # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
-    # the GEMV's weight loads under L2's default eviction policy (evict_first since run L)
+    # the GEMV's weight loads under the default eviction policy (evict_first since run L)
     "w_evict_normal": [(triton_gemv, "WEIGHT_EVICTION", "")],
     # the batch-1 graph's kernels asking for N% of L1 / shared memory as shared memory
     # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
