@@ -108,6 +108,10 @@ ATTENTION = {
     # 32-key splits: 17 of them hold the context
     "splits17_bn32": _fused(num_splits=17, block_n=32),
     "splits32_bn32": _fused(num_splits=32, block_n=32),
+    # shared memory a split program takes (Triton 3.6): 38 KB as it is, 21.5 KB in 32-key tiles,
+    # 22.5 KB in one stage, 13 KB both: under the batch-1 graph's 10% carveout (run L) the last
+    # ones may fit the split every other kernel of the step asks for
+    "splits17_bn32_s1": _fused(num_splits=17, block_n=32, num_stages=1),
     "splits66": _fused(num_splits=66, block_n=64),
 }
 # The GEMV variants of run F (docs/benchmarks.md), each against the rule of its call
