@@ -12,6 +12,7 @@ back to back with itself, which is what the kernel benchmarks time.
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -215,11 +216,13 @@ GEMV = {
 }
 
 
-def _carveouts(percent: int, **by_kernel: int) -> list[tuple[object, str, object]]:
-    """The batch-1 graph captured with every kernel asking for `percent`% shared memory, and the
-    kernels named asking for their own share (other graphs: the driver's choice)."""
+def _carveouts(percent: int, every_graph: bool = False, **by_kernel: int) -> list[tuple[object, str, object]]:
+    """The batch-1 graph (every graph) captured with every kernel asking for `percent`% shared
+    memory, and the kernels named asking for their own share (other graphs: the driver's choice)."""
     def carveout(self, bs: int):
-        return shared_memory_carveout(percent, by_kernel) if bs == 1 else shared_memory_carveout(-1)
+        if bs == 1 or every_graph:
+            return shared_memory_carveout(percent, by_kernel)
+        return contextlib.nullcontext()
     return [(model_runner.ModelRunner, "_decode_carveout", carveout)]
 
 
@@ -250,8 +253,7 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
        for p, a in ((10, 5), (10, 20), (10, 30), (5, 10), (15, 10))},
     **{f"c10_gemv{g}": _carveouts(10, _gemv_kernel=g) for g in (5, 8, 12, 15)},
     # every graph (any batch) captured with every kernel asking for N%
-    **{f"all_carveout{n}": [(model_runner.ModelRunner, "_decode_carveout",
-                             lambda self, bs, n=n: shared_memory_carveout(n))] for n in (5, 10, 20, 30)},
+    **{f"all_carveout{n}": _carveouts(n, every_graph=True) for n in (5, 10, 20, 30)},
 }
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 

@@ -347,12 +347,14 @@ class ModelRunner:
 
     def _decode_carveout(self, bs: int) -> contextlib.AbstractContextManager:
         """The L1 / shared memory split a decode graph of `bs` rows is captured with: the same
-        for every kernel where one row's step is all Triton kernels (the few-rows forward)."""
+        for every kernel where one row's step is all Triton kernels (the few-rows forward), the
+        driver's choice otherwise."""
         from hotpath.ops.triton_utils import shared_memory_carveout
 
-        x = torch.empty(bs, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
-        one_row = bs == 1 and self.model.model.few_rows(x)
-        return shared_memory_carveout(DECODE_CARVEOUT if one_row else -1)
+        x = torch.empty(1, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
+        if bs != 1 or not self.model.model.few_rows(x):
+            return contextlib.nullcontext()
+        return shared_memory_carveout(DECODE_CARVEOUT)
 
     def _decode_forward(self, bs: int) -> Callable[[], torch.Tensor]:
         """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on
