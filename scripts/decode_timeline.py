@@ -18,26 +18,22 @@ from profile_decode import decoding_engine  # scripts/ is on the path when run a
 
 def label_kernels(names: list[str]) -> list[str]:
     """A role for each kernel of one step: GEMVs by their place in a layer (qkv, o_proj, gate_up,
-    down, in launch order, or qkv and o_proj where the MLP is one kernel; the step's last one is
-    the LM head), attention and the fused MLP by kernel name."""
-    roles = ["qkv", "o_proj"] if any("gated_mlp" in n for n in names) else ["qkv", "o_proj", "gate_up", "down"]
+    down, in launch order; the step's last one is the LM head), attention by kernel name."""
     labels = []
     gemvs_seen = 0
     for name in names:
         if "gemv" in name:
-            labels.append(roles[gemvs_seen % len(roles)])
+            labels.append(["qkv", "o_proj", "gate_up", "down"][gemvs_seen % 4])
             gemvs_seen += 1
         elif "decode_split" in name:
             labels.append("attention")
         elif "merge_head" in name:
             labels.append("attention merge")
-        elif "gated_mlp" in name:
-            labels.append("mlp")
         else:
             labels.append(name[:40])
-    # the step's last GEMV is the LM head where one GEMV is left over from the layers' (with a
-    # few rows the LM head may be cuBLAS's)
-    if gemvs_seen % len(roles) == 1:
+    # the step's last GEMV is the LM head where one GEMV is left over from the layers' four (with
+    # a few rows the LM head may be cuBLAS's)
+    if gemvs_seen % 4 == 1:
         labels[max(i for i, n in enumerate(names) if "gemv" in n)] = "lm_head"
     return labels
 

@@ -25,7 +25,7 @@ import hotpath.layers.attention as layer_attention
 import hotpath.ops.linear as linear_ops
 import hotpath.runner.model_runner as model_runner
 from hotpath.ops.attention import triton_decode
-from hotpath.ops.linear import triton_gemv, triton_mlp
+from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
 from hotpath.ops.triton_utils import (
     pdl_enabled,
@@ -255,34 +255,7 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # every graph (any batch) captured with every kernel asking for N%
     **{f"all_carveout{n}": _carveouts(n, every_graph=True) for n in (5, 10, 20, 30)},
 }
-# the fused MLP (small models, run M) in other tiles: (intermediate features a program, warps)
-PATCHES |= {f"mlp_f{f}w{w}": [(triton_mlp, "CONFIGS", {1: (f, w), 2: (f, w)})]
-            for f, w in ((4, 4), (8, 8), (16, 8), (32, 16))}
-PATCHES |= {"mlp_store": [(triton_mlp, "WRITE", 1)], "mlp_spread": [(triton_mlp, "WRITE", 2)],
-            "mlp_f16w8_spread": [(triton_mlp, "WRITE", 2), (triton_mlp, "CONFIGS", {1: (16, 8), 2: (16, 8)})],
-            "mlp_f16w8_store": [(triton_mlp, "WRITE", 1), (triton_mlp, "CONFIGS", {1: (16, 8), 2: (16, 8)})]}
-
-
-@contextlib.contextmanager
-def _mlp_unfused(model, keep: list):
-    """The graph captured with down_proj's weights in their checkpoint layout, so that the MLPs
-    run as two GEMVs (DecoderLayer.forward_few_rows) rather than one kernel; `keep` holds the
-    copies the graph reads."""
-    mlps = [layer.mlp for layer in model.model.layers]
-    saved = [m.down_proj.weight.data for m in mlps]
-    for m in mlps:
-        m.down_proj.weight.data = m.down_proj.weight.data.contiguous()
-        keep.append(m.down_proj.weight.data)
-    try:
-        yield
-    finally:
-        for m, w in zip(mlps, saved):
-            m.down_proj.weight.data = w
-
-
-# variants that change weight layouts while their graph is captured
-LAYOUTS = {"mlp_unfused": _mlp_unfused}
-ALL = ["full", *PATCHES, *LAYOUTS, *ATTENTION, *GEMV]
+ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 
 
 def main() -> None:
@@ -295,7 +268,7 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
     names = ns.variants.split(",")
-    known = ["full", *PATCHES, *LAYOUTS, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
+    known = ["full", *PATCHES, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
     if unknown := [n for n in names if n not in known]:
         raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(known)}")
     engine = decoding_engine(ns.preset, ns.batch_size)
@@ -314,14 +287,12 @@ def main() -> None:
         for module, attr, value in PATCHES.get(name, []):
             setattr(module, attr, value)
         runner.graphs = {}
-        keep: list[torch.Tensor] = []
-        with LAYOUTS.get(name, lambda model, keep: contextlib.nullcontext())(runner.model, keep):
-            runner._capture_decode_graphs()
+        runner._capture_decode_graphs()
         for module, attr, value in kept:
             setattr(module, attr, value)
         runner.decode_inputs.fill(seqs, ns.batch_size)
-        # the inputs (and weight copies) stay referenced: every capture allocates its own
-        graphs[name] = (*runner.graphs[ns.batch_size], (runner.decode_inputs, keep))
+        # the inputs stay referenced: every capture allocates its own
+        graphs[name] = (*runner.graphs[ns.batch_size], runner.decode_inputs)
     layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the

@@ -38,5 +38,4 @@ def load_model(
         init_dummy_weights(model, seed)
     else:
         model.load_weights(iterate_safetensors(model_dir))
-    model.process_weights_after_loading()
     return model.eval()

@@ -18,17 +18,7 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
-from hotpath.ops.linear import (
-    fused_mlp,
-    gated_mlp_accumulate,
-    linear,
-    linear_add_norm,
-    linear_add_residual,
-    linear_silu_and_mul,
-    use_gemv,
-    whole_rows,
-)
-from hotpath.ops.norm import accumulator_rms_norm
+from hotpath.ops.linear import linear, linear_add_residual, linear_silu_and_mul, use_gemv
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -119,30 +109,6 @@ class DecoderLayer(nn.Module):
         y = linear_silu_and_mul(h, mlp.gate_up_proj.weight, rms=(sumsq, post_norm.weight, post_norm.eps))
         return linear_add_residual(y, mlp.down_proj.weight, h)
 
-    def forward_fused_mlp(
-        self,
-        positions: torch.Tensor,
-        h: torch.Tensor,  # [M, hidden] the residual stream before the previous layer's MLP
-        acc_in: torch.Tensor,  # [M, hidden] fp32, the previous layer's MLP output (or zeros)
-        h_out: torch.Tensor,  # [M, hidden] := h + acc_in, then + attention
-        acc: torch.Tensor,  # [M, hidden] fp32 := this layer's MLP output
-        batch: ForwardBatch,
-    ) -> None:
-        """forward_few_rows where the MLP is one kernel (ops/linear's gated_mlp_accumulate, on
-        small models): its output stays an fp32 sum, which the next layer's qkv projection adds
-        into the stream as it loads it (storing the new stream in its own buffer: the programs
-        all read the old one) and takes the input norm's statistic of itself; this layer's o_proj
-        clears `acc` for the MLP. Four launches per layer: qkv, attention and its merge, o_proj,
-        the MLP."""
-        attn, mlp = self.self_attn, self.mlp
-        norm, post_norm = self.input_layernorm, self.post_attention_layernorm
-        qkv = linear_add_norm(h, acc_in, attn.qkv_proj.weight, attn.qkv_proj.bias, norm.weight,
-                              norm.eps, h_out)
-        out = attn.attend(positions, qkv, batch)
-        sumsq = linear_add_residual(out, attn.o_proj.weight, h_out, zero=acc)
-        gated_mlp_accumulate(h_out, mlp.gate_up_proj.weight, mlp.down_t, acc,
-                             rms=(sumsq, post_norm.weight, post_norm.eps))
-
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
@@ -167,37 +133,14 @@ class DecoderModel(nn.Module):
     def few_rows(self, x: torch.Tensor) -> bool:
         """Whether a forward of x ([num_tokens, hidden]) runs every projection of its layers as a
         Triton GEMV, so the fused layer (DecoderLayer.forward_few_rows)."""
-        attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
-        if mlp.down_transposed:  # DecoderLayer.forward_fused_mlp
-            return (use_gemv(x, attn.qkv_proj.weight) and whole_rows(x, attn.qkv_proj.weight)
-                    and use_gemv(x, attn.o_proj.weight)
-                    and fused_mlp(x, mlp.gate_up_proj.weight, mlp.down_t))
-        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        first = self.layers[0]
+        projections = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
+                       first.mlp.down_proj)
         return all(use_gemv(x, p.weight) for p in projections)
-
-    def transpose_mlps(self) -> None:
-        """Stores the MLPs' down_proj weights as DecoderLayer.forward_fused_mlp reads them, where
-        it runs (GatedMLP.transpose_down); with zeros for the first layer to add."""
-        for layer in self.layers:
-            layer.mlp.transpose_down()
-        if self.layers[0].mlp.down_transposed:
-            w = self.norm.weight
-            self.no_acc = torch.zeros(2, w.shape[0], dtype=torch.float32, device=w.device)
 
     def _forward_few_rows(
         self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [M, hidden]
-        if self.layers[0].mlp.down_transposed:
-            # each layer's o_proj clears acc before its MLP adds into it; the stream alternates
-            # between two buffers (a layer's qkv reads one and writes the other)
-            acc = torch.empty(h.shape, dtype=torch.float32, device=h.device)  # [M, hidden]
-            streams = (h, torch.empty_like(h))
-            for i, layer in enumerate(self.layers):
-                acc_in = acc if i else self.no_acc[: h.shape[0]]
-                layer.forward_fused_mlp(positions, streams[i % 2], acc_in, streams[1 - i % 2], acc,
-                                        batch)
-            return accumulator_rms_norm(acc, streams[len(self.layers) % 2], self.norm.weight,
-                                        self.norm.eps)
         sumsq = None  # the statistics come from the projections' epilogues
         for layer in self.layers:
             sumsq = layer.forward_few_rows(positions, h, sumsq, batch)
@@ -225,10 +168,6 @@ class DecoderForCausalLM(nn.Module):
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         return self.model(input_ids, positions, batch)
-
-    def process_weights_after_loading(self) -> None:
-        """Weight layouts the decode kernels want, once the checkpoint is in."""
-        self.model.transpose_mlps()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, vocab] fp32
         return self.lm_head(hidden)

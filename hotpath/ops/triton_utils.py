@@ -49,19 +49,17 @@ def row_warps(block: int) -> int:
     return 16
 
 
-_counters: dict[tuple[str, torch.device, int, torch.dtype], torch.Tensor] = {}
+_counters: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
-def zeroed_counters(purpose: str, size: int, device: torch.device,
-                    dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    """[size] counters (int32 by default) for a kernel whose last program to arrive (an atomic add
-    says which) does a final step, or zeros a kernel reads where no sum has been added to yet:
-    allocated once per (purpose, device, size, dtype) as zeros, and left at zero by every call,
-    so a CUDA graph can replay them. Shared by every such call on the device: they must not run
-    concurrently on two streams."""
-    key = (purpose, device, size, dtype)
+def zeroed_counters(purpose: str, size: int, device: torch.device) -> torch.Tensor:
+    """[size] int32 counters for a kernel whose last program to arrive (an atomic add says which)
+    does a final step: allocated once per (purpose, device) as zeros, and left at zero by every
+    call, so a CUDA graph can replay them. Shared by every call for that purpose on the device:
+    such calls must not run concurrently on two streams."""
+    key = (purpose, device)
     if key not in _counters:
-        _counters[key] = torch.zeros(size, dtype=dtype, device=device)
+        _counters[key] = torch.zeros(size, dtype=torch.int32, device=device)
     return _counters[key]
 
 

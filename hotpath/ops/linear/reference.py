@@ -38,33 +38,3 @@ def add_residual(
     squares, as one partial sum."""
     residual.copy_(y + residual)
     return residual.float().pow(2).sum(-1)[None, :]
-
-
-def gated_mlp_accumulate(
-    x: torch.Tensor,  # [M, H], the MLP's input before its RMSNorm
-    gate_up: torch.Tensor,  # [2I, H] = [gate | up]
-    down_t: torch.Tensor,  # [I, H], down_proj's weight transposed
-    acc: torch.Tensor,  # [M, H] fp32, += the MLP's output
-    rms: RmsInput,
-) -> None:
-    """acc += down(silu(gate(x')) * up(x')), x' = RMSNorm(x): down_proj's sums in fp32, left for
-    the consumer to round (linear_add_norm)."""
-    from hotpath.ops.activation.reference import silu_and_mul
-
-    y = silu_and_mul(linear(rms_normalize(x, *rms), gate_up))
-    acc += y.float() @ down_t.float()
-
-
-def linear_add_norm(
-    h: torch.Tensor,  # [M, K] the residual stream
-    acc: torch.Tensor,  # [M, K] fp32, a projection's sums to add to it
-    weight: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None,  # [N]
-    norm_weight: torch.Tensor,  # [K]
-    eps: float,
-    h_out: torch.Tensor,  # [M, K], := h + acc, rounded as the reference's residual add
-) -> torch.Tensor:  # [M, N]
-    """RMSNorm(h + acc) @ weight^T (+ bias), the new residual stream stored in h_out."""
-    h_out.copy_(acc.to(h.dtype) + h)
-    sumsq = h_out.float().pow(2).sum(-1)[None, :]
-    return linear(rms_normalize(h_out, sumsq, norm_weight, eps), weight, bias)

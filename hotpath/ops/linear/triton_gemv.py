@@ -163,9 +163,9 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit
-def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, zero_ptr,
+def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr,
                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-               ZERO: tl.constexpr, ROUND_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+               ROUND_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc: [BLOCK_N, BLOCK_M] fp32 sums of this program's (virtual) rows -> out[rm, features]."""
     dtype = out_ptr.dtype.element_ty
     if GATED:
@@ -190,9 +190,6 @@ def _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, zer
         tl.store(out_ptrs, h, mask=mask)
         hf = tl.where(mask, h.to(tl.float32), 0.0)  # rows past N hold row N - 1's sums
         tl.store(stat_ptr + pid_n * M + rm, tl.sum(hf * hf, axis=0), mask=rm < M)
-        if ZERO:
-            # the [M, N] fp32 sums the next kernel (triton_mlp) adds into, cleared (same shape)
-            tl.store(zero_ptr + rm[None, :] * N + rn[:, None], tl.zeros_like(hf), mask=mask)
     else:
         # rounded to the input dtype even into a wider output (fp32 logits of a bf16 model), so
         # the values are those of the reference's projection, converted
@@ -267,46 +264,6 @@ def _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K: tl.conste
     return acc
 
 
-@triton.jit
-def _added_row_dot(w, x_row, a_row, h_row, rk, K, norm_w_ptr, eps, STORE, EVEN_K: tl.constexpr):
-    """[BLOCK_N] fp32: the tile w times RMSNorm(x + round(a)) of one row whose K the tile holds
-    whole: the sum rounded as the reference's residual add, normalised with its own statistic,
-    and (STORE) stored at h_row."""
-    if EVEN_K:
-        x = tl.load(x_row + rk)
-        a = tl.load(a_row + rk)
-    else:
-        x = tl.load(x_row + rk, mask=rk < K, other=0.0)
-        a = tl.load(a_row + rk, mask=rk < K, other=0.0)
-    h = (a.to(x.dtype).to(tl.float32) + x.to(tl.float32)).to(x.dtype)
-    if STORE:
-        tl.store(h_row + rk, h, mask=rk < K)
-    hf = h.to(tl.float32)
-    xn = _normed_x(h, rk, norm_w_ptr, tl.rsqrt(tl.sum(hf * hf) / K + eps), K, EVEN_K)
-    return tl.sum(w.to(tl.float32) * xn.to(tl.float32)[None, :], axis=1)
-
-
-@triton.jit
-def _dot_rows_added(w, x_ptr, acc_in_ptr, h_out_ptr, stride_xm, stride_am, M, rk, K, norm_w_ptr,
-                    eps, STORE, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr):
-    """_dot_rows (same shapes) of RMSNorm(x + round(acc_in)), each row's sum stored to h_out
-    (STORE: one program)."""
-    if BLOCK_M == 1:
-        acc = _added_row_dot(w, x_ptr, acc_in_ptr, h_out_ptr, rk, K, norm_w_ptr, eps, STORE,
-                             EVEN_K)
-    else:
-        rm = tl.arange(0, BLOCK_M)
-        acc = tl.zeros([w.shape[0], BLOCK_M], dtype=tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            # rows past M take row M - 1 again (their sums are never stored; the stream's row is
-            # stored twice, with the same values)
-            row = tl.minimum(m, M - 1)
-            s = _added_row_dot(w, x_ptr + row * stride_xm, acc_in_ptr + row * stride_am,
-                               h_out_ptr + row * stride_xm, rk, K, norm_w_ptr, eps, STORE, EVEN_K)
-            acc += tl.where(rm[None, :] == m, s[:, None], 0.0)
-    return acc
-
-
 @triton.jit(do_not_specialize=["M", "N"])
 def _gemv_kernel(
     x_ptr,  # [M, K]
@@ -320,9 +277,6 @@ def _gemv_kernel(
     n_stat_in,
     eps,  # of that RMSNorm
     stat_ptr,  # [n_tiles, M] fp32 partial sums of squares of the new residual rows (RESIDUAL)
-    zero_ptr,  # [M, N] fp32, cleared (ZERO)
-    acc_in_ptr,  # [M, K] fp32 sums to add to x before its RMSNorm (ADD_ACC)
-    h_out_ptr,  # [M, K] x + acc_in, stored by the first program (ADD_ACC)
     M,
     N,  # output features
     K,
@@ -330,13 +284,10 @@ def _gemv_kernel(
     stride_xm,
     stride_wn,
     stride_om,
-    stride_am,
     HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,  # out = silu(x @ gate^T) * (x @ up^T)
     NORM_INPUT: tl.constexpr,  # x := rms_norm(x) with the given statistic and weight
     RESIDUAL: tl.constexpr,  # out += x @ w^T, and the next RMSNorm's statistic of out
-    ZERO: tl.constexpr,  # (RESIDUAL) clear zero_ptr's [M, N]
-    ADD_ACC: tl.constexpr,  # x := rms_norm(x + acc_in), its statistic from the whole row here
     SPLIT: tl.constexpr,
     USE_DOT: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
@@ -394,15 +345,10 @@ def _gemv_kernel(
             rk_tail = BLOCK_K + tl.arange(0, TAIL_K)
             w_tail = _w_tile(w_rows, rk_tail, K, True, W_EVICT)
         pdl_wait(USE_PDL)
-        if ADD_ACC:  # one tile holds all of K: the loops below do nothing
-            rstd = 1.0
-            acc = _dot_rows_added(w, x_ptr, acc_in_ptr, h_out_ptr, stride_xm, stride_am, M, rk, K,
-                                  norm_w_ptr, eps, pid_n == 0, EVEN_K, BLOCK_M)
-        else:
-            # the producer's N tiles' partials, in one load up to 1024 of them
-            rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024) if NORM_INPUT else 1.0
-            acc = _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT,
-                            BLOCK_M)
+        # the producer's N tiles' partials, in one load up to 1024 of them
+        rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 1024) if NORM_INPUT else 1.0
+        acc = _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT,
+                        BLOCK_M)
         if TAIL_K > 0:
             acc += _dot_rows(w_tail, x_ptr, stride_xm, M, rk_tail, K, norm_w_ptr, rstd, True,
                              NORM_INPUT, BLOCK_M)
@@ -428,11 +374,11 @@ def _gemv_kernel(
                 total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask, other=0.0,
                                  cache_modifier=".cg")
             tl.store(counter_ptr + pid_n, 0)
-            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, zero_ptr,
-                       HAS_BIAS, GATED, RESIDUAL, ZERO, x_ptr.dtype.element_ty, BLOCK_N)
+            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                       GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
     else:
-        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, zero_ptr,
-                   HAS_BIAS, GATED, RESIDUAL, ZERO, x_ptr.dtype.element_ty, BLOCK_N)
+        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                   GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
 
 
 def linear(
@@ -470,40 +416,17 @@ def linear_add_residual(
     weight: torch.Tensor,  # [N, K], K contiguous
     residual: torch.Tensor,  # [M, N], updated in place
     config: GemvConfig | None = None,
-    zero: torch.Tensor | None = None,  # [M, N] fp32, contiguous: cleared
 ) -> torch.Tensor:  # [T, M] fp32
     """residual += x @ weight^T; returns partial sums of squares of the new residual rows (their
-    sum over T is each row's), which the next RMSNorm needs, stored by the kernel's epilogue,
-    which also clears `zero`."""
+    sum over T is each row's), which the next RMSNorm needs, stored by the kernel's epilogue."""
     if residual.shape != (x.shape[0], weight.shape[0]) or residual.stride(-1) != 1:
         raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{x.shape[0]}, {weight.shape[0]}]")
-    assert zero is None or (zero.shape == residual.shape and zero.is_contiguous()
-                            and zero.dtype == torch.float32)
-    return _launch(x, weight, None, config, residual=residual, zero=zero)[1]
-
-
-def linear_add_norm(
-    h: torch.Tensor,  # [M, K]
-    acc: torch.Tensor,  # [M, K] fp32
-    weight: torch.Tensor,  # [N, K], K contiguous
-    bias: torch.Tensor | None,  # [N]
-    norm_weight: torch.Tensor,  # [K]
-    eps: float,
-    h_out: torch.Tensor,  # [M, K], := h + acc
-    config: GemvConfig | None = None,
-) -> torch.Tensor:  # [M, N]
-    """RMSNorm(h + acc) @ weight^T (+ bias); h + acc (rounded to h's dtype) is stored in h_out by
-    the first program. Every program holds whole rows (one K tile, FMAs), so each takes the
-    norm's statistic itself."""
-    assert acc.shape == h.shape == h_out.shape and acc.dtype == torch.float32
-    assert h.stride() == h_out.stride() and h.stride(-1) == acc.stride(-1) == 1
-    return _launch(h, weight, bias, config, add_acc=(acc, h_out, norm_weight, eps))[0]
+    return _launch(x, weight, None, config, residual=residual)[1]
 
 
 def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
             rms: RmsInput | None = None, residual: torch.Tensor | None = None,
-            out_dtype: torch.dtype | None = None, zero: torch.Tensor | None = None,
-            add_acc: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
+            out_dtype: torch.dtype | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     K = x.shape[-1]
     rows = weight.shape[0]  # the weight's rows: the outputs, or [gate | up]
@@ -527,8 +450,6 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         return out.view(*x.shape[:-1], N), None
     cfg = config or choose_config(M, rows, K, x.device)
     assert cfg.block_n % 2 == 0 or not gated
-    assert add_acc is None or (not cfg.use_dot and cfg.split_k == 1 and cfg.block_k >= K
-                               and not cfg.tail_k and rms is None and residual is None)
     assert not cfg.tail_k or (cfg.block_k + cfg.tail_k == K and cfg.split_k == 1 and not cfg.use_dot)
     block_m = DOT_BLOCK_M if cfg.use_dot else min(triton.next_power_of_2(M), FMA_BLOCK_M)
     if M > block_m:
@@ -548,23 +469,17 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         if stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
             raise ValueError(f"rms statistic must be fp32 [T, {M}], got {stat_in.dtype} {tuple(stat_in.shape)}")
         stat_in = stat_in.contiguous()
-    elif add_acc is not None:
-        stat_in, norm_w, eps = out, add_acc[2], add_acc[3]
     else:
         stat_in, norm_w, eps = out, out, 0.0
-    acc_in, h_out = add_acc[:2] if add_acc is not None else (out, out)
     use_pdl = pdl_enabled(x.device)
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,
         norm_w, stat_in, stat_in.shape[0], eps, stat if stat is not None else out,
-        zero if zero is not None else out, acc_in, h_out,
-        M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0), acc_in.stride(0),
+        M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None,
         GATED=gated,
         NORM_INPUT=rms is not None,
         RESIDUAL=residual is not None,
-        ZERO=zero is not None,
-        ADD_ACC=add_acc is not None,
         SPLIT=split > 1,
         USE_DOT=cfg.use_dot,
         EVEN_K=K % cfg.block_k == 0 or cfg.tail_k > 0,

@@ -27,14 +27,4 @@ def fused_add_rms_norm(
     return reference.fused_add_rms_norm(x, residual, weight, eps)
 
 
-def accumulator_rms_norm(
-    acc: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> torch.Tensor:
-    if backend.use_triton(residual):
-        from hotpath.ops.norm import triton as kernels
-
-        return kernels.accumulator_rms_norm(acc, residual, weight, eps)
-    return reference.accumulator_rms_norm(acc, residual, weight, eps)
-
-
-__all__ = ["accumulator_rms_norm", "fused_add_rms_norm", "rms_norm"]
+__all__ = ["fused_add_rms_norm", "rms_norm"]

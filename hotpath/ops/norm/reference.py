@@ -26,14 +26,3 @@ def fused_add_rms_norm(
     the new residual stream."""
     summed = x + residual
     return rms_norm(summed, weight, eps), summed
-
-
-def accumulator_rms_norm(
-    acc: torch.Tensor,  # [num_tokens, hidden] fp32 sums of a projection
-    residual: torch.Tensor,  # [num_tokens, hidden]
-    weight: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """rms_norm(acc rounded to residual's dtype + residual): the model's final norm after a
-    projection whose sums were accumulated in fp32 (ops/linear's gated_mlp_accumulate)."""
-    return rms_norm(acc.to(residual.dtype) + residual, weight, eps)

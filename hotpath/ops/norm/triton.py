@@ -38,9 +38,7 @@ def _rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        # x rounded to the sum's dtype first: exact, unless x is an fp32 accumulator whose
-        # values the reference has as a projection's output in the residual's dtype
-        x = (x.to(SUM_DTYPE).to(tl.float32) + r.to(tl.float32)).to(SUM_DTYPE)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(SUM_DTYPE)
         tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / hidden + eps)
@@ -53,12 +51,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _launch(x, residual, weight, eps, sum_dtype=None):
+def _launch(x, residual, weight, eps):
     hidden = x.shape[-1]
     x2 = _rows(x)
     r2 = _rows(residual) if residual is not None else x2
-    if sum_dtype is None:
-        sum_dtype = torch.promote_types(x.dtype, residual.dtype) if residual is not None else x.dtype
+    sum_dtype = torch.promote_types(x.dtype, residual.dtype) if residual is not None else x.dtype
     out_dtype = torch.promote_types(weight.dtype, sum_dtype)
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
     summed = torch.empty(x2.shape, dtype=sum_dtype, device=x.device) if residual is not None else out
@@ -90,13 +87,3 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (rms_norm(x + residual), x + residual), like the reference."""
     return _launch(x, residual, weight, eps)
-
-
-def accumulator_rms_norm(
-    acc: torch.Tensor,  # [num_tokens, hidden] fp32 sums of a projection
-    residual: torch.Tensor,  # [num_tokens, hidden]
-    weight: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """rms_norm(acc rounded to residual's dtype + residual)."""
-    return _launch(acc, residual, weight, eps, sum_dtype=residual.dtype)[0]
