@@ -205,6 +205,25 @@ GEMV = {
     "06_o_n4w4": _gemv(r1024x2048=(4, 2048, 1, 4)),
     "06_o_n16": _gemv(r1024x2048=(16, 2048, 1, 8)),
     "06_down_n4whole": _gemv(r1024x3072=(4, 4096, 1, 8)),
+    # fewer, taller programs (run M): Qwen3-0.6B's o_proj and down_proj, and the same idea at 8B
+    "06_o_n8": _gemv(r1024x2048=(8, 2048, 1, 8)),  # the rule before run M
+    "06_o_n16w16": _gemv(r1024x2048=(16, 2048, 1, 16)),
+    "06_o_n16w4": _gemv(r1024x2048=(16, 2048, 1, 4)),
+    "06_o_n32": _gemv(r1024x2048=(32, 2048, 1, 8)),
+    "06_o_n32w16": _gemv(r1024x2048=(32, 2048, 1, 16)),
+    "06_down_n4w4": _gemv(r1024x3072=(4, 4096, 1, 4)),
+    "06_down_n2": _gemv(r1024x3072=(2, 4096, 1, 8)),
+    "06_down_n16w16": _gemv(r1024x3072=(16, 4096, 1, 16)),
+    "06_o16_d4": _gemv(r1024x2048=(16, 2048, 1, 8), r1024x3072=(4, 4096, 1, 8)),
+    "06_o16_d4_q16": _gemv(r1024x2048=(16, 2048, 1, 8), r1024x3072=(4, 4096, 1, 8),
+                           r4096x1024=(16, 1024, 1, 8)),
+    "06_o16_d4_gw8": _gemv(r1024x2048=(16, 2048, 1, 8), r1024x3072=(4, 4096, 1, 8),
+                           r6144x1024=(8, 1024, 1, 8)),
+    "8_o_n16w16": _gemv(r4096x4096=(16, 4096, 1, 16)),
+    "8_o_n16": _gemv(r4096x4096=(16, 4096, 1, 8)),
+    "8_down_n4": _gemv(r4096x12288=(4, 4096, 1, 8)),
+    "8_qkv_n16w16": _gemv(r6144x4096=(16, 4096, 1, 16)),
+    "8_gu_n16w16": _gemv(r24576x4096=(16, 4096, 1, 16)),
     # Qwen3-32B's o_proj (K = 8192) walking two 4096-wide tiles unsplit, as 8_down_k4096s1 does
     # 8B's down_proj (K = 12288) in three
     "32_o_k4096s1": _gemv(r5120x8192=(8, 4096, 1, 8)),
@@ -255,6 +274,8 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # every graph (any batch) captured with every kernel asking for N%
     **{f"all_carveout{n}": _carveouts(n, every_graph=True) for n in (5, 10, 20, 30)},
 }
+# the code as it is, captured again (each capture in a memory pool of its own)
+PATCHES |= {f"again{n}": [] for n in range(2, 6)}
 ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
 
 

@@ -18,6 +18,7 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
+from hotpath.ops.embedding import embedding_with_sumsq
 from hotpath.ops.linear import linear, linear_add_residual, linear_silu_and_mul, use_gemv
 from hotpath.runner.forward_batch import ForwardBatch
 
@@ -90,20 +91,17 @@ class DecoderLayer(nn.Module):
         self,
         positions: torch.Tensor,
         h: torch.Tensor,  # [M, hidden], the residual stream, updated in place
-        sumsq: torch.Tensor | None,  # [T, M] fp32 h's partial sums of squares (None: none yet)
+        sumsq: torch.Tensor,  # [T, M] fp32 h's partial sums of squares
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [T, M] fp32, the new h's
         """`forward` for a step of a few tokens (decode), where every projection is a GEMV: each
         RMSNorm is applied as the next projection loads its input (from the statistic the
-        previous one's epilogue gathered while adding into the residual), and SiLU-and-mul is
-        fused into gate_up: four GEMV launches and two of attention (QK-norm and RoPE included;
-        the merge of its splits) per layer, rather than ten launches."""
+        previous one's epilogue, or the embedding lookup, gathered), and SiLU-and-mul is fused
+        into gate_up: four GEMV launches and two of attention (QK-norm and RoPE included; the
+        merge of its splits) per layer, rather than ten launches."""
         attn, mlp = self.self_attn, self.mlp
         norm, post_norm = self.input_layernorm, self.post_attention_layernorm
-        if sumsq is None:  # the first layer: its input norm is a launch of its own
-            qkv = attn.qkv_proj(norm(h))
-        else:
-            qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias, rms=(sumsq, norm.weight, norm.eps))
+        qkv = linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias, rms=(sumsq, norm.weight, norm.eps))
         out = attn.attend(positions, qkv, batch)
         sumsq = linear_add_residual(out, attn.o_proj.weight, h)
         y = linear_silu_and_mul(h, mlp.gate_up_proj.weight, rms=(sumsq, post_norm.weight, post_norm.eps))
@@ -120,31 +118,37 @@ class DecoderModel(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
+    ) -> torch.Tensor:  # [num_tokens, hidden], after the final RMSNorm
+        if self.few_rows(input_ids.shape[0]):
+            return self.norm(self.forward_few_rows(input_ids, positions, batch)[0])
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        if self.few_rows(x):
-            return self._forward_few_rows(positions, x, batch)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, batch)
         x, _ = self.norm(x, residual)
         return x
 
-    def few_rows(self, x: torch.Tensor) -> bool:
-        """Whether a forward of x ([num_tokens, hidden]) runs every projection of its layers as a
+    def few_rows(self, num_tokens: int) -> bool:
+        """Whether a forward of `num_tokens` tokens runs every projection of its layers as a
         Triton GEMV, so the fused layer (DecoderLayer.forward_few_rows)."""
+        w = self.embed_tokens.weight
+        x = w[:1].expand(num_tokens, -1)  # stands for the step's input: its rows, dtype, device
         first = self.layers[0]
         projections = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
                        first.mlp.down_proj)
         return all(use_gemv(x, p.weight) for p in projections)
 
-    def _forward_few_rows(
-        self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:  # [M, hidden]
-        sumsq = None  # the statistics come from the projections' epilogues
+    def forward_few_rows(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [M, hidden], [T, M] fp32
+        """The layers of a step of a few tokens (DecoderLayer.forward_few_rows): the residual
+        stream after the last layer and its partial sums of squares (the final RMSNorm is a
+        launch of its own: folded into the LM head's loads, every one of its ~19k programs read
+        the statistic and the norm weight, and Qwen3-32B's step was ~3% slower, run M)."""
+        h, sumsq = embedding_with_sumsq(input_ids, self.embed_tokens.weight)
         for layer in self.layers:
             sumsq = layer.forward_few_rows(positions, h, sumsq, batch)
-        return self.norm(h)
+        return h, sumsq
 
 
 # merged module -> the checkpoint projections stacked in it, in order

@@ -205,6 +205,19 @@ def test_gemv_config_at_few_rows():
     assert triton_gemv.choose_config(2, 4096, 4096, cpu).use_dot
 
 
+def test_gemv_config_short_2048_wide(monkeypatch):
+    """One row of a 2048-wide weight short enough for 16-row tiles on half the SMs (Qwen3-0.6B's
+    o_proj on an H200's 132) takes them; taller or wider weights, or two rows, do not."""
+    from hotpath.ops.linear import triton_gemv
+
+    monkeypatch.setattr(triton_gemv, "sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    o_proj = triton_gemv.choose_config(1, 1024, 2048, cpu)
+    assert (o_proj.block_n, o_proj.block_k, o_proj.split_k, o_proj.num_warps) == (16, 2048, 1, 8)
+    for M, N, K in ((1, 2048, 2048), (1, 1024, 3072), (1, 1024, 1024), (2, 1024, 2048)):
+        assert triton_gemv.choose_config(M, N, K, cpu).block_n < 16
+
+
 def test_interpreter_split_counters_reset(interpreter):
     """Each call leaves the split-K counters at zero, for the next call or graph replay."""
     from hotpath.ops.linear import triton_gemv

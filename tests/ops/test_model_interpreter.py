@@ -37,9 +37,9 @@ def test_few_rows_decode_matches_reference(name, together, tiny_model_factory, i
                for n in (1, 7)]
     want = greedy(path, prompts, "reference", together)
     rows = []
-    original = llama.DecoderModel._forward_few_rows
-    monkeypatch.setattr(llama.DecoderModel, "_forward_few_rows",
-                        lambda self, positions, h, batch: rows.append(h.shape[0]) or original(self, positions, h, batch))
+    original = llama.DecoderModel.forward_few_rows
+    monkeypatch.setattr(llama.DecoderModel, "forward_few_rows",
+                        lambda self, ids, *args: rows.append(ids.shape[0]) or original(self, ids, *args))
     got = greedy(path, prompts, "triton", together)
     # three decode steps a sequence: of one row each, or of both sequences at once (short
     # prompts' prefills take the same forward)
