@@ -120,7 +120,10 @@ class DecoderModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:  # [num_tokens, hidden], after the final RMSNorm
         if self.few_rows(input_ids.shape[0]):
-            return self.norm(self.forward_few_rows(input_ids, positions, batch)[0])
+            # the final norm a launch of its own: folded into the LM head's loads, every one of
+            # its ~19k programs read the statistic and the norm weight, and Qwen3-32B's step was
+            # ~3% slower (run M)
+            return self.norm(self.forward_few_rows(input_ids, positions, batch))
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         residual = None
         for layer in self.layers:
@@ -140,15 +143,14 @@ class DecoderModel(nn.Module):
 
     def forward_few_rows(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # [M, hidden], [T, M] fp32
+    ) -> torch.Tensor:  # [M, hidden]
         """The layers of a step of a few tokens (DecoderLayer.forward_few_rows): the residual
-        stream after the last layer and its partial sums of squares (the final RMSNorm is a
-        launch of its own: folded into the LM head's loads, every one of its ~19k programs read
-        the statistic and the norm weight, and Qwen3-32B's step was ~3% slower, run M)."""
+        stream after the last layer, before the final RMSNorm. The embedding lookup stores the
+        first layer's RMSNorm statistic, so no norm launch runs before its qkv projection."""
         h, sumsq = embedding_with_sumsq(input_ids, self.embed_tokens.weight)
         for layer in self.layers:
             sumsq = layer.forward_few_rows(positions, h, sumsq, batch)
-        return h, sumsq
+        return h
 
 
 # merged module -> the checkpoint projections stacked in it, in order
