@@ -3,12 +3,13 @@ back (and a second capture of it, as scripts/decode_variants.py makes), against 
 behind each step's input copy (DecodeInputs.fill), against the engine's own loop (async
 scheduling, as `hotpath bench latency` runs it).
 
-    python scripts/graph_replay_costs.py --preset qwen3-0.6b [--steps 200]
+    python scripts/graph_replay_costs.py --preset qwen3-0.6b [--steps 200] [--out DIR]
 """
 
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -19,6 +20,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen3-0.6b", help="model shape (hotpath.bench.presets)")
     ap.add_argument("--steps", type=int, default=200, help="steps timed in each way")
+    ap.add_argument("--out", default=None, help="directory for graph_replay_costs_<preset>.json")
     ns = ap.parse_args()
     engine = decoding_engine(ns.preset)  # no step in flight: the next step's inputs are valid
     runner = engine.runner
@@ -78,6 +80,9 @@ def main() -> None:
     end.synchronize()
     res["graph_replay_events_us"] = start.elapsed_time(end) / ns.steps * 1e3
     print(json.dumps(res))
+    if ns.out:
+        Path(ns.out).mkdir(parents=True, exist_ok=True)
+        (Path(ns.out) / f"graph_replay_costs_{ns.preset}.json").write_text(json.dumps(res, indent=1))
     del second
 
 
