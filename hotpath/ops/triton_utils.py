@@ -145,8 +145,8 @@ def _share(name: str) -> int:
 
 def _record_kernel(module, function, name, metadata_group, hash) -> None:
     _loaded_kernels[function] = name
-    if _share(name) != -1:
-        _set_kernel_carveout(function, name, _share(name))
+    if (share := _share(name)) != -1:
+        _set_kernel_carveout(function, name, share)
 
 
 def _forget_kernel(module, function, name, metadata_group, hash) -> None:
