@@ -27,6 +27,7 @@ import hotpath.runner.model_runner as model_runner
 from hotpath.ops.attention import triton_decode
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
+from hotpath.ops.sampling import triton as sampling_triton
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch_dependents,
@@ -94,6 +95,7 @@ ATTENTION = {
     "splits4": _fused(num_splits=4),
     "splits26_bn32": _fused(num_splits=26, block_n=32),
     "stages1": _fused(num_stages=1),
+    "stages3": _fused(num_stages=3),
     "warps2": _fused(num_warps=2),
     "warps8": _fused(num_warps=8),
     "d128w8": _fused(num_splits=1, block_n=128, num_warps=8),
@@ -260,6 +262,13 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
     # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
+    # decode attention as before run N: the query normed and rotated on all BLOCK_M rows
+    # (q_padded), every split through the pipelined tile loop (loop_only), or both
+    "q_padded": [(triton_decode, "QUERY_ROWS_UNPADDED", False)],
+    "loop_only": [(triton_decode, "ONE_TILE_PATH", False)],
+    "attention_before_n": [(triton_decode, "QUERY_ROWS_UNPADDED", False), (triton_decode, "ONE_TILE_PATH", False)],
+    # the greedy sampler's two kernels launched without PDL, as before run N
+    "sampler_no_pdl": [(sampling_triton, "pdl_enabled", lambda device: False)],
     # the GEMV's weight loads under the default eviction policy (evict_first since run L)
     "w_evict_normal": [(triton_gemv, "WEIGHT_EVICTION", "")],
     # the batch-1 graph's kernels asking for N% of L1 / shared memory as shared memory

@@ -112,10 +112,35 @@ def attend_tile(
     blocks = kv_tile_blocks(block_table_ptr, n, n_ok, MASKED, BLOCK_SIZE)
     in_block = n % BLOCK_SIZE
     k_rows = blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh
+    v_rows = blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh
+    return attend_rows(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_rows, v_rows, n, n_ok,
+                       scale_log2, d, MASKED, HEAD_DIM, HEAD_DIM_PAD, PRECISION)
+
+
+@triton.jit
+def attend_rows(
+    acc,  # [BLOCK_M, HEAD_DIM_PAD] fp32
+    l_i,  # [BLOCK_M] fp32
+    m_i,  # [BLOCK_M] fp32
+    q,  # [BLOCK_M, HEAD_DIM_PAD]
+    q_pos,  # [BLOCK_M] position of each query row
+    k_cache_ptr,
+    v_cache_ptr,
+    k_rows,  # [BLOCK_N] int64 element offset of each key's row for this kv head
+    v_rows,  # [BLOCK_N] the same for the values
+    n,  # [BLOCK_N] key positions
+    n_ok,  # [BLOCK_N] bool: the keys to read (used only when MASKED)
+    scale_log2,
+    d,
+    MASKED: tl.constexpr,  # apply the causal mask and the n_ok bound
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """attend_tile for a tile whose cache rows are already known."""
     k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
     # values loaded with the keys, not after the scores: one memory round a tile where nothing
     # pipelines it (a decode split of one tile); this is the order measured in run E
-    v_rows = blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh
     v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
     if MASKED:

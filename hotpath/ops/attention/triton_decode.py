@@ -45,6 +45,7 @@ import triton.language as tl
 
 from hotpath.ops.attention.triton_common import (
     LOG2E,
+    attend_rows,
     attend_tile,
     dot_precision,
     kv_tile_blocks,
@@ -87,6 +88,12 @@ MERGE_KERNEL_SPLITS = 32
 # Two warps rather than four: the Qwen3-8B step 1.3% faster, 0.6B 0.3% (one warp: 8B the same,
 # 0.6B 2.7% slower; H200, run J call 5)
 MERGE_KERNEL_WARPS = 2
+# Run N (H200): the query's QK-norm and RoPE on its real rows only, not on the 16 rows the
+# dots take (2 at one token and 2 q heads a kv head), and splits of one tile attending to it
+# without the pipelined tile loop (ncu: ~1,280 instructions a warp after PDL's wait, ~60% of the
+# stall samples on instruction issue and fixed-latency dependencies rather than memory)
+QUERY_ROWS_UNPADDED = True
+ONE_TILE_PATH = True
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
 
@@ -220,6 +227,8 @@ def _decode_split_kernel(
     BLOCK_T: tl.constexpr,  # >= the longest query
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
     DEFER: tl.constexpr,  # store the partials only: _merge_head_kernel merges them
+    Q_ROWS: tl.constexpr,  # query rows normed and rotated (<= BLOCK_M, a power of 2)
+    ONE_TILE: tl.constexpr,  # splits of one tile skip the tile loop
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -241,16 +250,18 @@ def _decode_split_kernel(
     n = start + tl.arange(0, BLOCK_N)
     n_ok = n < end
     first_new = ctx - q_len
-    if not DIRECT and USE_PDL:
-        # the first tile's keys and values of earlier steps, into L2 (holding them in registers
-        # across the wait instead took 217 registers and measured slower)
+    if not DIRECT:
+        # the first tile's cache rows (the block table is a step input) and, with PDL, its keys
+        # and values of earlier steps into L2 (holding them in registers across the wait instead
+        # took 217 registers and measured slower)
         blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
         in_block = n % BLOCK_SIZE
-        old = n_ok & (n < first_new)
-        prefetch_l2(k_cache_ptr, blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh,
-                    old, KV_LINES)
-        prefetch_l2(v_cache_ptr, blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh,
-                    old, KV_LINES)
+        k_rows0 = blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh
+        v_rows0 = blocks * stride_vb + in_block * stride_vt + kv_head * stride_vh
+        if USE_PDL:
+            old = n_ok & (n < first_new)
+            prefetch_l2(k_cache_ptr, k_rows0, old, KV_LINES)
+            prefetch_l2(v_cache_ptr, v_rows0, old, KV_LINES)
 
     rows = tl.arange(0, BLOCK_M)  # row = query token * GROUP + head within the group
     tok = rows // GROUP
@@ -259,7 +270,14 @@ def _decode_split_kernel(
     q_pos = first_new + tok
     row_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     token = (q_start + tok).to(tl.int64)
-    q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
+    # the query rows are loaded, normed and rotated as Q_ROWS rows (the real ones, padded to a
+    # power of 2), then repeated to the BLOCK_M the dots take: at one token a sequence and 2 q
+    # heads a kv head that is 2 rows of work rather than 16
+    qr = tl.arange(0, Q_ROWS)
+    q_tok = qr // GROUP
+    q_ok = q_tok < q_len
+    q_rows = (q_ptr + (q_start + q_tok).to(tl.int64)[:, None] * stride_qt
+              + (kv_head * GROUP + qr % GROUP)[:, None] * stride_qh)
     if ROPE:
         # this step's tokens whose positions fall in this split: their keys and values go into
         # the cache here (the split that reads a position writes it, so no other program
@@ -269,9 +287,9 @@ def _decode_split_kernel(
         mine = ((t < q_len) & (t_pos >= start) & (t_pos < end))[:, None]
         t_pos = t_pos.to(tl.int64)[:, None]
         if not DIRECT:
-            q_cos, q_sin, q_w, q_wp = _rope_inputs(q_pos.to(tl.int64)[:, None], row_ok[:, None], d,
-                                                   cos_sin_ptr, stride_cs, q_norm_w_ptr, HAS_NORM,
-                                                   HALF, HEAD_DIM)
+            q_cos, q_sin, q_w, q_wp = _rope_inputs((first_new + q_tok).to(tl.int64)[:, None],
+                                                   q_ok[:, None], d, cos_sin_ptr, stride_cs,
+                                                   q_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
@@ -283,7 +301,7 @@ def _decode_split_kernel(
         if not DIRECT:
             # the projections in one round, the query rotated first (measured 4% faster at
             # Qwen3-0.6B than after the cache write, H200)
-            xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
+            xq, xq_p = _load_rows(q_rows, q_ok[:, None], d, HALF, HEAD_DIM)
         xk, xk_p = _load_rows(k_new_ptr + t_token * stride_knt + kv_head * stride_knh, mine, d,
                               HALF, HEAD_DIM)
         v_step = tl.load(v_new_ptr + t_token * stride_vnt + kv_head * stride_vnh + d[None, :],
@@ -305,25 +323,47 @@ def _decode_split_kernel(
             # the query's rows and RoPE inputs only now: fewer values live at once, fewer
             # registers (102 rather than 146 at Qwen3-8B shapes), more programs per SM where the
             # batch fills the GPU
-            xq, xq_p = _load_rows(q_rows, row_ok[:, None], d, HALF, HEAD_DIM)
-            q_cos, q_sin, q_w, q_wp = _rope_inputs(q_pos.to(tl.int64)[:, None], row_ok[:, None], d,
-                                                   cos_sin_ptr, stride_cs, q_norm_w_ptr, HAS_NORM,
-                                                   HALF, HEAD_DIM)
+            xq, xq_p = _load_rows(q_rows, q_ok[:, None], d, HALF, HEAD_DIM)
+            q_cos, q_sin, q_w, q_wp = _rope_inputs((first_new + q_tok).to(tl.int64)[:, None],
+                                                   q_ok[:, None], d, cos_sin_ptr, stride_cs,
+                                                   q_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
         # the tiles below read the new rows back: the block's stores first
         tl.debug_barrier()
     else:
-        q = tl.load(q_rows + d[None, :], mask=row_mask, other=0.0)
+        q = tl.load(q_rows + d[None, :], mask=q_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+    if Q_ROWS < BLOCK_M:
+        # row r of the dots' query tile is row r % Q_ROWS: real rows stay in place, the padding
+        # rows repeat them (and are never stored)
+        q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_M // Q_ROWS, Q_ROWS, HEAD_DIM_PAD)),
+                       (BLOCK_M, HEAD_DIM_PAD))
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        acc, l_i, m_i = attend_tile(
-            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
-            True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
-        )
+    if ONE_TILE and not DIRECT:
+        if (start < end) & (end - start <= BLOCK_N):
+            # a split of one tile (every split, while the context is at most the splits x
+            # BLOCK_N): its rows are known from before the wait, and no loop pipelines loads
+            # for a next tile that does not exist
+            acc, l_i, m_i = attend_rows(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_rows0, v_rows0, n, n_ok,
+                scale_log2, d, True, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
+            )
+        else:
+            for n0 in range(start, end, BLOCK_N):
+                acc, l_i, m_i = attend_tile(
+                    acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
+                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
+                    True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
+                )
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            acc, l_i, m_i = attend_tile(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table, n0, end, kv_head,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2, d,
+                True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
+            )
 
     if DIRECT:
         # one split holds the whole context, so every real row has seen at least its own key
@@ -555,6 +595,7 @@ def paged_attention(
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128), DEFER=defer,
+        Q_ROWS=merge_m if QUERY_ROWS_UNPADDED else block_m, ONE_TILE=ONE_TILE_PATH,
         num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     if defer:

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
+
 BLOCK = 1024  # elements one program loads at a time
 CHUNK = 2048  # elements of a row per program (151,936 -> 75 programs per row)
 
@@ -32,7 +34,9 @@ def _chunk_kernel(
     num_chunks,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     start = chunk * CHUNK
@@ -40,6 +44,7 @@ def _chunk_kernel(
     run_max = tl.full((), float("-inf"), tl.float32)
     run_sum = tl.full((), 0.0, tl.float32)
     run_index = tl.full((), 0, tl.int32) + start
+    pdl_wait(USE_PDL)  # the logits are the previous kernel's
     for b in tl.range(0, CHUNK, BLOCK):
         cols = start + b + offs
         # upcast right after the load: every reduction is in fp32 whatever the logits' dtype
@@ -74,10 +79,18 @@ def _combine_kernel(
     num_chunks,
     BLOCK_CHUNKS: tl.constexpr,
     HOST_OUT: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_CHUNKS)
     mask = offs < num_chunks
+    if HOST_OUT:
+        # a step input, written before the forward began: read before the wait
+        at = tl.load(slot_ptr).to(tl.int64) * stride_host + row
+    else:
+        at = row  # unused
+    pdl_wait(USE_PDL)  # the partials are the chunk kernel's
     chunk_max = tl.load(max_ptr + row * num_chunks + offs, mask=mask, other=float("-inf"))
     chunk_sum = tl.load(sum_ptr + row * num_chunks + offs, mask=mask, other=0.0)
     chunk_index = tl.load(index_ptr + row * num_chunks + offs, mask=mask, other=vocab)
@@ -93,7 +106,6 @@ def _combine_kernel(
     tl.store(token_ptr + row, token.to(tl.int64))
     tl.store(logprob_ptr + row, logprob)
     if HOST_OUT:
-        at = tl.load(slot_ptr).to(tl.int64) * stride_host + row
         tl.store(host_token_ptr + at, token.to(tl.int64))
         tl.store(host_logprob_ptr + at, logprob)
 
@@ -120,9 +132,11 @@ def greedy_sample(
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     chunk_index = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
     chunk_sum = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
+    # both launched early behind the LM head (PDL), like every other kernel of a decode graph
+    use_pdl = pdl_enabled(logits.device)
     _chunk_kernel[(rows, num_chunks)](
         logits, chunk_max, chunk_index, chunk_sum, vocab, logits.stride(0), num_chunks,
-        CHUNK=chunk, BLOCK=block, num_warps=4,
+        CHUNK=chunk, BLOCK=block, USE_PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
     )
     if host_out is None:
         slot, host_ids, host_logprobs = token_ids, token_ids, logprobs  # unused
@@ -132,6 +146,7 @@ def greedy_sample(
     _combine_kernel[(rows,)](
         chunk_max, chunk_index, chunk_sum, token_ids, logprobs, slot, host_ids, host_logprobs,
         host_ids.stride(0), vocab, num_chunks, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
-        HOST_OUT=host_out is not None, num_warps=1 if num_chunks <= 128 else 4,
+        HOST_OUT=host_out is not None, USE_PDL=use_pdl, num_warps=1 if num_chunks <= 128 else 4,
+        launch_pdl=use_pdl,
     )
     return out
