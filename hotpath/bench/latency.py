@@ -54,10 +54,12 @@ def _run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tup
 def engine_args(ns: argparse.Namespace, model_dir: str) -> EngineArgs:
     """The engine the bench times for these arguments: room for one batch, no prefix caching."""
     total_len = ns.input_len + ns.output_len
-    blocks = ns.batch_size * (-(-total_len // 16) + 1) + 16
+    max_model_len = getattr(ns, "max_model_len", None) or max(total_len + 16, 64)
+    # room for the batch, and for one sequence of max_model_len (the engine checks that)
+    blocks = max(ns.batch_size * (-(-total_len // 16) + 1), -(-max_model_len // 16)) + 16
     return EngineArgs(
         model=model_dir, load_format=ns.load_format, dtype=ns.dtype, skip_tokenizer_init=True,
-        max_model_len=max(total_len + 16, 64), enable_prefix_caching=False,
+        max_model_len=max_model_len, enable_prefix_caching=False,
         max_num_seqs=max(ns.batch_size, 1), num_gpu_blocks_override=blocks,
         max_num_batched_tokens=max(8192, ns.input_len), enforce_eager=ns.enforce_eager,
         async_scheduling=ns.async_scheduling,
@@ -92,6 +94,7 @@ def run_hotpath(ns: argparse.Namespace, model_dir: str) -> dict:
         "kv_bytes_per_step": kv_bytes,
         "prefill_flops": roofline.prefill_flops(cfg, active, ns.input_len) * ns.batch_size,
         "kv_cache_tokens": engine.runner.num_blocks * engine.config.block_size,
+        "max_model_len": engine.config.max_model_len,
     }
     del engine, model
     gc.collect()
@@ -138,6 +141,10 @@ def main(ns: argparse.Namespace) -> int:
         model_dir = ns.model
     else:
         print("give --model or --preset", file=sys.stderr)
+        return 2
+    if ns.max_model_len is not None and ns.max_model_len < ns.input_len + ns.output_len:
+        print(f"--max-model-len {ns.max_model_len} is shorter than --input-len + --output-len "
+              f"({ns.input_len + ns.output_len})", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     say("measuring HBM bandwidth (device-to-device copy) and the bf16 matmul rate")
@@ -196,6 +203,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="model dtype (auto = the checkpoint's, bfloat16 for fp32 checkpoints)")
     p.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the engine's longest context, which sizes its decode graphs (default: "
+                        "input + output + 16; a server's is usually the model's, e.g. 40960)")
     p.add_argument("--input-len", type=int, default=512, help="prompt tokens per sequence")
     p.add_argument("--output-len", type=int, default=128, help="generated tokens per sequence")
     p.add_argument("--compare", choices=["hf"], default=None,

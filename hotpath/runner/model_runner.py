@@ -21,6 +21,7 @@ import torch
 from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.sequence import Sequence
 from hotpath.loader.model_loader import load_model
+from hotpath.ops.attention import decode_splits
 from hotpath.ops.backend import use_triton
 from hotpath.ops.sampling import greedy_sample
 from hotpath.runner.decode_inputs import DecodeInputs
@@ -63,6 +64,15 @@ class Replayable(Protocol):
 # lose at 0.6B. Not at two rows (0.6B's batch 2, also all Triton: 8.5% slower) nor where cuBLAS
 # runs (8B's batch 8: 12% slower).
 DECODE_CARVEOUT = 10
+
+# Longest contexts of the extra decode graphs captured for short contexts. A graph's attention
+# spreads each context over a number of programs fixed from the longest it may meet
+# (max_model_len), and at a fraction of that most find no keys and still cost: Qwen3-0.6B at
+# batch 1 and 532 tokens, 719 us a step in a graph sized for 40,960 tokens (66 splits) against
+# 572 in one sized for 1,024 (16; H200, run N). So a batch size also gets a graph for each of
+# these contexts below max_model_len that at least halves its splits; a step takes the smallest
+# that holds its longest context.
+SHORT_CONTEXT_GRAPHS = (1024, 2048)
 
 # records a decode forward once: (something to replay it with, its logits output tensor)
 Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replayable, torch.Tensor]]
@@ -117,6 +127,8 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.sampler = Sampler()
         self.graphs: dict[int, tuple[Replayable, torch.Tensor]] = {}  # batch size -> (graph, logits)
+        # batch size -> [(longest context, graph, logits)], ascending: graphs for short contexts
+        self.short_graphs: dict[int, list[tuple[int, Replayable, torch.Tensor]]] = {}
         # the reference ops read lengths on the host, which a graph capture cannot hold
         if device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device)):
             self._capture_decode_graphs()
@@ -326,8 +338,9 @@ class ModelRunner:
         Graphs replay on static buffers (runner/decode_inputs.py): every step copies its token ids,
         positions, slots, context lengths and block tables into them, in one copy. Rows past the
         real batch attend to one token in the scratch block, so padding never touches a sequence's
-        cache. `capture` records one forward (a CUDA graph by default; tests pass an eager
-        stand-in to run this path on the CPU)."""
+        cache. Small batches also get graphs for short contexts (SHORT_CONTEXT_GRAPHS). `capture`
+        records one forward (a CUDA graph by default; tests pass an eager stand-in to run this
+        path on the CPU)."""
         ec = self.engine_config
         max_bs = min(ec.max_num_seqs, 256)
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_bs} | {max_bs})
@@ -339,10 +352,15 @@ class ModelRunner:
 
             def capture(forward: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
                 return _capture_cuda_graph(forward, pool)
+        max_len, kv_heads = ec.max_model_len, self.model_config.num_key_value_heads
         for bs in reversed(sizes):  # largest first, so smaller graphs reuse its memory pool
             carveout = contextlib.nullcontext() if stand_in else self._decode_carveout(bs)
             with torch.inference_mode(), carveout:
-                self.graphs[bs] = capture(self._decode_forward(bs))
+                self.graphs[bs] = capture(self._decode_forward(bs, max_len))
+                splits = decode_splits(bs, kv_heads, max_len, self.device)
+                self.short_graphs[bs] = [
+                    (ctx, *capture(self._decode_forward(bs, ctx))) for ctx in SHORT_CONTEXT_GRAPHS
+                    if ctx < max_len and 2 * decode_splits(bs, kv_heads, ctx, self.device) <= splits]
         self.graphs = dict(sorted(self.graphs.items()))  # ascending, for _graph_size
 
     def _decode_carveout(self, bs: int) -> contextlib.AbstractContextManager:
@@ -355,12 +373,12 @@ class ModelRunner:
             return contextlib.nullcontext()
         return shared_memory_carveout(DECODE_CARVEOUT)
 
-    def _decode_forward(self, bs: int) -> Callable[[], torch.Tensor]:
+    def _decode_forward(self, bs: int, max_context_len: int) -> Callable[[], torch.Tensor]:
         """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on
-        views of the static buffers."""
+        views of the static buffers, for contexts up to `max_context_len`."""
         inputs = self.decode_inputs
-        # kernels size their grids from max_context_len; the longest context keeps every replay valid
-        input_ids, positions, batch = inputs.views(bs, self.engine_config.max_model_len)
+        # kernels size their grids from max_context_len: every replay's contexts stay within it
+        input_ids, positions, batch = inputs.views(bs, max_context_len)
 
         host_out = inputs.host_out(bs) if inputs.mapped else None
 
@@ -379,6 +397,8 @@ class ModelRunner:
         # every pending input token is one prev sampled (they come only from pipelined decodes)
         sources = None if prev is None else (prev.token_ids, prev.rows_of(seqs))
         self.decode_inputs.fill(seqs, size, sources, slot)
-        graph, logits = self.graphs[size]
+        longest = max(seq.num_computed_tokens + 1 for seq in seqs)  # padding rows attend to 1
+        graph, logits = next(((g, out) for ctx, g, out in self.short_graphs.get(size, ()) if longest <= ctx),
+                             self.graphs[size])
         graph.replay()
         return logits[: len(seqs)]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hotpath import LLM, SamplingParams
+from hotpath.runner import model_runner
 from hotpath.runner.decode_inputs import OUT_SLOTS
 
 MODEL = "qwen3-gqa8-untied-hd"
@@ -67,6 +68,42 @@ def test_plain_greedy_decode_skips_the_sampler(prompts, monkeypatch):
     assert generate(llm, ps, PLAIN) == want
     # only the prefill steps sampled eagerly (a graph replays decodes of up to 8 rows)
     assert calls and sum(calls) == len(ps)
+
+
+def test_short_context_graphs(prompts, monkeypatch):
+    """A step replays the graph for the shortest context limit that holds its longest context
+    (graphs for short contexts besides the one for max_model_len), and the tokens stay those of
+    the eager path."""
+    path, ps = prompts
+    batches = [ps[:2], ps]  # longest contexts up to 29, then up to 51 tokens
+    eager = make_llm(path, graphs=False)  # the same two calls, the second with prefix-cache hits
+    want = [generate(eager, b, PLAIN) for b in batches]
+    monkeypatch.setattr(model_runner, "SHORT_CONTEXT_GRAPHS", (32, 48))
+    # as if the attention split contexts into 16-token pieces: 2 and 3 splits against 16
+    monkeypatch.setattr(model_runner, "decode_splits", lambda seqs, heads, ctx, device: -(-ctx // 16))
+    llm = make_llm(path, graphs=True)
+    runner = llm.engine.runner
+    limits = [32, 48, 256]
+    replays = []  # (the graph's context limit, the step's longest context)
+
+    def recorded(graph, bs, limit):
+        replay = graph.replay
+
+        def run():
+            longest = int(runner.decode_inputs.views(bs, limit)[2].context_lens.max())
+            replays.append((limit, longest))
+            replay()
+        graph.replay = run
+
+    for bs, (graph, _) in runner.graphs.items():
+        assert [ctx for ctx, _, _ in runner.short_graphs[bs]] == limits[:2]
+        recorded(graph, bs, 256)
+        for ctx, short, _ in runner.short_graphs[bs]:
+            recorded(short, bs, ctx)
+    assert [generate(llm, b, PLAIN) for b in batches] == want
+    for limit, longest in replays:
+        assert longest <= limit and not any(longest <= s for s in limits if s < limit)
+    assert {limit for limit, _ in replays} == set(limits)
 
 
 @pytest.mark.parametrize("params", SAMPLED)
@@ -142,6 +179,31 @@ def test_cuda_graph_greedy_matches_the_sampler(prompts, dtype):
         assert ids == want_ids
         for t, got, want in zip(ids, lps, want_lps):
             assert abs(got[t].logprob - want[t].logprob) < 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_short_context_graphs_match_eager(tiny_model_factory, monkeypatch):
+    """Real graphs for short contexts (one split, two) beside the one for max_model_len (four),
+    stepping contexts across both limits, against the eager path."""
+    path, hf_model = tiny_model_factory(MODEL)
+    g = torch.Generator().manual_seed(4)
+    batches = [[torch.randint(3, hf_model.config.vocab_size, (n,), generator=g).tolist() for n in lens]
+               for lens in ((30,), (60, 20), (100,), (150, 40, 90))]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=0)
+    monkeypatch.setattr(model_runner, "SHORT_CONTEXT_GRAPHS", (64, 128))
+
+    def run(eager):
+        llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype="float32", max_model_len=256,
+                  max_num_seqs=4, num_gpu_blocks_override=64, enforce_eager=eager, enable_prefix_caching=False)
+        if not eager:
+            assert [ctx for ctx, _, _ in llm.engine.runner.short_graphs[1]] == [64, 128]
+        return [generate(llm, b, params) for b in batches]
+
+    for got, want in zip(run(False), run(True)):
+        for (ids, _, lps, _), (want_ids, _, want_lps, _) in zip([o[0] for o in got], [o[0] for o in want]):
+            assert ids == want_ids
+            for t, a, b in zip(ids, lps, want_lps):
+                assert abs(a[t].logprob - b[t].logprob) < 1e-4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -55,6 +55,17 @@ def paged_attention(
     return reference.paged_attention(*args)
 
 
+def decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device) -> int:
+    """How many programs a decode call of `num_seqs` one-token sequences spreads each context
+    over when the longest may be `max_context_len` (1 where the reference runs): the grid a CUDA
+    graph of that call holds, whatever the contexts it then replays with."""
+    if backend.use_triton(torch.empty(0, device=device)):
+        from hotpath.ops.attention import triton_decode
+
+        return triton_decode.choose_num_splits(num_seqs, num_kv_heads, max_context_len, device)
+    return 1
+
+
 def rope_and_paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim], raw projection (any token/head strides)
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], raw
@@ -93,4 +104,4 @@ def rope_and_paged_attention(
                            max_query_len, max_context_len)
 
 
-__all__ = ["paged_attention", "rope_and_paged_attention", "write_kv_cache"]
+__all__ = ["decode_splits", "paged_attention", "rope_and_paged_attention", "write_kv_cache"]
