@@ -25,6 +25,11 @@ run G those of what measured slower: attending to this step's keys from register
 reading them back from the cache (no barrier, the first tile loaded beside the projections or
 held across the wait), and streaming the layer's next weights into L2 during the kernel.
 
+Past the wait the chain is mostly instructions (ncu, run N: ~60% of the stall samples on issue
+and fixed-latency dependencies), so the query is normed and rotated on its real rows only (2 at
+one token and 2 q heads a kv head, not the 16 the dots take), and a split holding one tile
+attends to it without the pipelined tile loop, from cache rows computed before the wait.
+
 The number of splits is fixed on the host (from the batch size and max_context_len, so a CUDA graph
 captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
 context over them on the device, in whole tiles: a short context in a graph sized for a long one
@@ -88,10 +93,9 @@ MERGE_KERNEL_SPLITS = 32
 # Two warps rather than four: the Qwen3-8B step 1.3% faster, 0.6B 0.3% (one warp: 8B the same,
 # 0.6B 2.7% slower; H200, run J call 5)
 MERGE_KERNEL_WARPS = 2
-# Run N (H200): the query's QK-norm and RoPE on its real rows only, not on the 16 rows the
-# dots take (2 at one token and 2 q heads a kv head), and splits of one tile attending to it
-# without the pipelined tile loop (ncu: ~1,280 instructions a warp after PDL's wait, ~60% of the
-# stall samples on instruction issue and fixed-latency dependencies rather than memory)
+# The query normed and rotated on its real rows only, and splits of one tile attending to it
+# without the tile loop (False: as before run N, for A/B timing): together the Qwen3-0.6B step
+# 2.6% faster, each about half of that; Qwen3-8B the same (H200, run N)
 QUERY_ROWS_UNPADDED = True
 ONE_TILE_PATH = True
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
