@@ -345,6 +345,9 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    # (the loop is written twice: a flag set under a compile-time condition and tested after it is
+    # a run-time value to Triton, which then compiles both sides, and DIRECT has no rows from
+    # before the wait for the one-tile side)
     if ONE_TILE and not DIRECT:
         if (start < end) & (end - start <= BLOCK_N):
             # a split of one tile (every split, while the context is at most the splits x
