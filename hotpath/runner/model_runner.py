@@ -397,8 +397,9 @@ class ModelRunner:
         # every pending input token is one prev sampled (they come only from pipelined decodes)
         sources = None if prev is None else (prev.token_ids, prev.rows_of(seqs))
         self.decode_inputs.fill(seqs, size, sources, slot)
-        longest = max(seq.num_computed_tokens + 1 for seq in seqs)  # padding rows attend to 1
-        graph, logits = next(((g, out) for ctx, g, out in self.short_graphs.get(size, ()) if longest <= ctx),
-                             self.graphs[size])
+        graph, logits = self.graphs[size]
+        if short := self.short_graphs.get(size):  # only small batches have them
+            longest = max(seq.num_computed_tokens + 1 for seq in seqs)  # padding rows attend to 1
+            graph, logits = next(((g, out) for ctx, g, out in short if longest <= ctx), (graph, logits))
         graph.replay()
         return logits[: len(seqs)]
