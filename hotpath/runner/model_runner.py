@@ -356,6 +356,10 @@ class ModelRunner:
         for bs in reversed(sizes):  # largest first, so smaller graphs reuse its memory pool
             carveout = contextlib.nullcontext() if stand_in else self._decode_carveout(bs)
             with torch.inference_mode(), carveout:
+                # the warm-up runs the kernels on these inputs: padding rows (one key each in the
+                # scratch block), never the buffer's zeros (a context of 0 keys puts a query at
+                # position -1, and its cos/sin load one row before the table)
+                self.decode_inputs.fill([], bs)
                 self.graphs[bs] = capture(self._decode_forward(bs, max_len))
                 splits = decode_splits(bs, kv_heads, max_len, self.device)
                 self.short_graphs[bs] = [

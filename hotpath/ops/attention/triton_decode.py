@@ -279,7 +279,9 @@ def _decode_split_kernel(
     # heads a kv head that is 2 rows of work rather than 16
     qr = tl.arange(0, Q_ROWS)
     q_tok = qr // GROUP
-    q_ok = q_tok < q_len
+    # a query needs its own key in the context (ctx >= q_len); rows that break that (a padding
+    # row with an empty context) load nothing: their position would be negative
+    q_ok = (q_tok < q_len) & (first_new + q_tok >= 0)
     q_rows = (q_ptr + (q_start + q_tok).to(tl.int64)[:, None] * stride_qt
               + (kv_head * GROUP + qr % GROUP)[:, None] * stride_qh)
     if ROPE:
