@@ -34,6 +34,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Optional QK-norm, RoPE, this step's k and v into the cache, then attention (one
         kernel for decode steps on the GPU; see ops/attention.rope_and_paged_attention)."""
+        if batch.split is not None:  # a mixed step: decode and prefill parts apart
+            n, few, rest = batch.split
+            parts = [self.rope_and_attend(q[a:b], k[a:b], v[a:b], positions[a:b], cos_sin_cache,
+                                          q_norm_weight, k_norm_weight, eps, part)
+                     for a, b, part in ((0, n, few), (n, q.shape[0], rest))]
+            return torch.cat(parts)
         k_cache, v_cache = self.caches()
         return rope_and_paged_attention(
             q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,

@@ -3,6 +3,12 @@
 A step mixes sequences freely: whole prefills, prefill chunks after cached tokens, decodes (one
 token) and verify steps (several tokens). Each sequence contributes its next `query_len` tokens;
 they are laid out back to back in `input_ids` / `positions` with no padding.
+
+A step that mixes decodes with prefill chunks carries `split`: its few-query sequences (decodes,
+verify steps) first, as a batch of their own, then the rest as another, so attention runs the
+decode kernel on the first and the prefill kernel on the second. (The prefill kernel's tiles of
+128 query rows hold one real row for a decode: at 256 decodes beside a prompt that wasted more
+tensor-core work than the whole step's matmuls.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [num_sampled] int64, token rows whose logits are needed
     max_query_len: int
     max_context_len: int
+    # (tokens of the decode part, decode part, prefill part): mixed steps only, see above
+    split: tuple[int, ForwardBatch, ForwardBatch] | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -21,7 +21,7 @@ import torch
 from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.sequence import Sequence
 from hotpath.loader.model_loader import load_model
-from hotpath.ops.attention import decode_splits
+from hotpath.ops.attention import DECODE_MAX_QUERY_LEN, decode_splits
 from hotpath.ops.backend import use_triton
 from hotpath.ops.sampling import greedy_sample
 from hotpath.runner.decode_inputs import DecodeInputs
@@ -196,6 +196,9 @@ class ModelRunner:
         sampling: list[Sequence] = []
         pending: list[tuple[int, Sequence]] = []  # (token index, sequence) of pending input tokens
         bs = self.block_size
+        # few-query rows first: a mixed step's attention splits there (ForwardBatch.split)
+        few = [(seq, n) for seq, n in scheduled if n <= DECODE_MAX_QUERY_LEN]
+        scheduled = few + [(seq, n) for seq, n in scheduled if n > DECODE_MAX_QUERY_LEN]
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             end = start + num_new
@@ -228,12 +231,43 @@ class ModelRunner:
             max_query_len=max(n for _, n in scheduled),
             max_context_len=max(context_lens),
         )
+        if 0 < len(few) < len(scheduled):
+            batch.split = self._split_batch(batch, len(few), cu_query_lens, context_lens, scheduled)
         ids = t(input_ids, torch.int64)  # [num_tokens]
         if pending:
             index = t([i for i, _ in pending], torch.int64)
             rows = t(prev.rows_of([seq for _, seq in pending]), torch.int64)
             ids[index] = prev.token_ids[rows]
         return ids, t(positions, torch.int64), batch, sampling
+
+    def _split_batch(
+        self, batch: ForwardBatch, num_few: int, cu_query_lens: list[int], context_lens: list[int],
+        scheduled: list[tuple[Sequence, int]],
+    ) -> tuple[int, ForwardBatch, ForwardBatch]:
+        """A mixed step's (decode tokens, decode part, prefill part): views of the step's tensors,
+        but for the prefill part's query offsets, which start again from 0."""
+        num_few_tokens = cu_query_lens[num_few]
+        no_logits = batch.logits_indices[:0]
+        few = ForwardBatch(
+            cu_query_lens=batch.cu_query_lens[: num_few + 1],
+            context_lens=batch.context_lens[:num_few],
+            block_tables=batch.block_tables[:num_few],
+            slot_mapping=batch.slot_mapping[:num_few_tokens],
+            logits_indices=no_logits,
+            max_query_len=max(n for _, n in scheduled[:num_few]),
+            max_context_len=max(context_lens[:num_few]),
+        )
+        rest = ForwardBatch(
+            cu_query_lens=torch.tensor([c - num_few_tokens for c in cu_query_lens[num_few:]],
+                                       dtype=torch.int32).to(self.device, non_blocking=True),
+            context_lens=batch.context_lens[num_few:],
+            block_tables=batch.block_tables[num_few:],
+            slot_mapping=batch.slot_mapping[num_few_tokens:],
+            logits_indices=no_logits,
+            max_query_len=max(n for _, n in scheduled[num_few:]),
+            max_context_len=max(context_lens[num_few:]),
+        )
+        return num_few_tokens, few, rest
 
     @torch.inference_mode()
     def launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None) -> LaunchedStep:

@@ -72,3 +72,28 @@ def test_preemption_with_prefix_cache_and_chunks(setup, one_by_one):
     llm, out = run(*setup, num_gpu_blocks_override=24, max_num_batched_tokens=24)
     assert llm.engine.scheduler.num_preemptions > 0
     assert out == one_by_one
+
+
+def test_mixed_steps_split_attention(setup, one_by_one, monkeypatch):
+    """Steps that mix decodes with prefill chunks run attention in two parts (decode rows first,
+    ForwardBatch.split), and the tokens stay those of one-by-one decoding."""
+    from hotpath.runner.model_runner import ModelRunner
+
+    splits = []
+    real = ModelRunner._split_batch
+
+    def spy(self, batch, num_few, cu_query_lens, context_lens, scheduled):
+        out = real(self, batch, num_few, cu_query_lens, context_lens, scheduled)
+        n, few, rest = out
+        # decode rows come first; the prefill part's offsets restart at 0 and cover the rest
+        assert all(k <= 8 for _, k in scheduled[:num_few]) and all(k > 8 for _, k in scheduled[num_few:])
+        assert few.cu_query_lens.tolist() == cu_query_lens[: num_few + 1]
+        assert rest.cu_query_lens.tolist() == [c - n for c in cu_query_lens[num_few:]]
+        assert n + rest.cu_query_lens[-1].item() == batch.slot_mapping.shape[0]
+        splits.append(num_few)
+        return out
+
+    monkeypatch.setattr(ModelRunner, "_split_batch", spy)
+    _, chunked = run(*setup, max_num_batched_tokens=20, enable_prefix_caching=False)
+    assert splits, "no step mixed decodes with prefill chunks"
+    assert chunked == one_by_one
