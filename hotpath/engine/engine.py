@@ -99,7 +99,7 @@ class Engine:
         self.async_scheduling = (
             self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
         )
-        self._in_flight: LaunchedStep | None = None  # a launched decode step not collected yet
+        self._in_flight: LaunchedStep | None = None  # a launched step not collected yet
         self._seq_ids = itertools.count()
         self.eos_token_ids = self._eos_token_ids()
         torch.manual_seed(args.seed)
@@ -214,10 +214,11 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One engine iteration. Returns the requests that produced tokens or finished.
 
-        With async scheduling, a pure decode step of plain greedy rows stays in flight when this
-        returns: the next call schedules and launches the step after it (whose input tokens are
-        this one's sampled ids, still on the device) and only then waits for this one's tokens, so
-        the host's work overlaps the device's. Anything else runs synchronously, after draining
+        With async scheduling, a step whose sampling rows are all plain greedy (decodes, and
+        prefill chunks beside them) stays in flight when this returns: the next call schedules
+        and launches the step after it (whose pending input tokens are this one's sampled ids,
+        still on the device) and only then waits for this one's tokens, so the host's work
+        overlaps the device's. Anything else runs synchronously, after draining
         the step in flight. A sequence that finishes in step N was launched once more in step N+1
         (its stop was not known yet): that token is discarded, never emitted."""
         sched = self.scheduler.schedule()
@@ -240,18 +241,23 @@ class Engine:
         return self._outputs(touched)
 
     def _can_overlap(self, scheduled: list[tuple[Sequence, int]]) -> bool:
-        """Whether this step may run while the host schedules the next one: a decode of plain
-        greedy rows only, whose tokens the next step can take on the device as they are."""
+        """Whether this step may run while the host schedules the next one: every row that
+        samples is plain greedy, so the next step can take its token on the device as it is.
+        Prefill chunks that sample nothing may ride along (a mixed step's host work then hides
+        behind the previous step's device time too)."""
         return self.async_scheduling and bool(scheduled) and all(
-            n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens and is_plain_greedy(seq)
-            for seq, n in scheduled
+            is_plain_greedy(seq) for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens
         )
 
     def _continues(self, prev: LaunchedStep, scheduled: list[tuple[Sequence, int]]) -> bool:
         """Whether this step can be launched before `prev`'s tokens are on the host: it could
-        overlap, and every row decodes a token prev sampled (a decode the token budget left out
-        of prev has its input token on the host only)."""
-        return self._can_overlap(scheduled) and all(seq.num_pending_tokens for seq, _ in scheduled)
+        overlap, and its rows' input tokens are where its path reads them. An eager step takes
+        each pending token from prev's sampled ids and the rest from the host; a decode graph
+        takes every row's from prev, so there every row must decode a token prev sampled (a
+        decode the token budget left out of prev has its input token on the host only)."""
+        if not self._can_overlap(scheduled):
+            return False
+        return not self.runner.uses_graph(scheduled) or all(seq.num_pending_tokens for seq, _ in scheduled)
 
     def _launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None) -> LaunchedStep:
         launched = self.runner.launch(scheduled, prev)

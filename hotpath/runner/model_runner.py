@@ -360,6 +360,10 @@ class ModelRunner:
         return result
 
     # ---- CUDA graphs for decode ---------------------------------------------------------
+    def uses_graph(self, scheduled: list[tuple[Sequence, int]]) -> bool:
+        """Whether launch() runs this step as a captured decode graph."""
+        return self._graph_size(scheduled) > 0
+
     def _graph_size(self, scheduled: list[tuple[Sequence, int]]) -> int:
         """The captured batch size to run this step with, or 0 to run it eagerly."""
         if not self.graphs or any(n != 1 or seq.num_computed_tokens + 1 != seq.num_tokens for seq, n in scheduled):
