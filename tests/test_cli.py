@@ -74,17 +74,3 @@ def test_every_flag_has_help():
         checked += 1
     assert checked > 60
     assert hotpath("bench", "latency", "--help").returncode == 0
-
-
-def test_bench_latency_engine_args():
-    """The bench's engine: max_model_len from the request lengths, or --max-model-len with a KV
-    cache that holds it (the engine refuses a smaller one)."""
-    from hotpath.bench import latency
-
-    ns = argparse.Namespace(input_len=512, output_len=256, batch_size=1, load_format="dummy",
-                            dtype="auto", enforce_eager=False, async_scheduling=None, max_model_len=None)
-    args = latency.engine_args(ns, "model")
-    assert args.max_model_len == 784 and args.num_gpu_blocks_override * 16 >= 784
-    ns.max_model_len = 40960
-    args = latency.engine_args(ns, "model")
-    assert args.max_model_len == 40960 and args.num_gpu_blocks_override * 16 >= 40960

@@ -1,5 +1,10 @@
 """`hotpath bench latency`: TTFT and TPOT of one batch, against the HBM roofline measured in the
-same run, and optionally against HF transformers on the same config and GPU."""
+same run, and optionally against HF transformers on the same config and GPU.
+
+The engine is built from the engine flags, so by default it is the engine a user gets (max_model_len
+the model's, the KV cache from gpu_memory_utilization, max_num_seqs 256, prefix caching, the 8192
+token budget that prefills longer prompts in chunks): the path timed is the path served. Flags size
+it to the batch instead (--max-model-len, --num-gpu-blocks-override, --max-num-seqs, ...)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import gc
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -52,29 +58,25 @@ def _run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tup
 
 
 def engine_args(ns: argparse.Namespace, model_dir: str) -> EngineArgs:
-    """The engine the bench times for these arguments: room for one batch, no prefix caching."""
-    total_len = ns.input_len + ns.output_len
-    max_model_len = getattr(ns, "max_model_len", None) or max(total_len + 16, 64)
-    # room for the batch, and for one sequence of max_model_len (the engine checks that)
-    blocks = max(ns.batch_size * (-(-total_len // 16) + 1), -(-max_model_len // 16)) + 16
-    return EngineArgs(
-        model=model_dir, load_format=ns.load_format, dtype=ns.dtype, skip_tokenizer_init=True,
-        max_model_len=max_model_len, enable_prefix_caching=False,
-        max_num_seqs=max(ns.batch_size, 1), num_gpu_blocks_override=blocks,
-        max_num_batched_tokens=max(8192, ns.input_len), enforce_eager=ns.enforce_eager,
-        async_scheduling=ns.async_scheduling,
-    )
+    """The engine the bench times: the engine flags as given, each one absent at LLM()'s default.
+    Prompts are token ids, so no tokenizer is loaded."""
+    return replace(EngineArgs.from_cli_args(ns), model=model_dir, skip_tokenizer_init=True)
 
 
 def run_hotpath(ns: argparse.Namespace, model_dir: str) -> dict:
     say(f"loading hotpath engine ({ns.load_format} weights) and capturing CUDA graphs")
     engine = Engine(engine_args(ns, model_dir))
     cfg = engine.model_config
+    if engine.config.max_model_len < ns.input_len + ns.output_len:
+        raise ValueError(f"max_model_len {engine.config.max_model_len} is shorter than --input-len + "
+                         f"--output-len ({ns.input_len + ns.output_len})")
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, cfg.vocab_size, (ns.input_len,), generator=g).tolist()
-               for _ in range(ns.batch_size)]
+    # the warm-up's prompts are not the timed run's: with prefix caching (the default) the timed
+    # run would find its prompts cached and skip their prefill
+    warm_up, prompts = [[torch.randint(0, cfg.vocab_size, (ns.input_len,), generator=g).tolist()
+                         for _ in range(ns.batch_size)] for _ in range(2)]
     say("warm-up run")
-    _run_batch(engine, prompts, min(ns.output_len, 8))
+    _run_batch(engine, warm_up, min(ns.output_len, 8))
     say(f"timed run: batch {ns.batch_size}, {ns.input_len} prompt tokens, {ns.output_len} output tokens")
     ttft, steps = _run_batch(engine, prompts, ns.output_len)
     tpot = sum(steps) / len(steps) if steps else float("nan")
@@ -141,10 +143,6 @@ def main(ns: argparse.Namespace) -> int:
         model_dir = ns.model
     else:
         print("give --model or --preset", file=sys.stderr)
-        return 2
-    if ns.max_model_len is not None and ns.max_model_len < ns.input_len + ns.output_len:
-        print(f"--max-model-len {ns.max_model_len} is shorter than --input-len + --output-len "
-              f"({ns.input_len + ns.output_len})", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     say("measuring HBM bandwidth (device-to-device copy) and the bf16 matmul rate")
@@ -215,4 +213,20 @@ def add_parser(sub) -> None:
                    help="overlap the host's work for step N+1 with step N on the GPU "
                         "(default: on with a GPU)")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
+    p.set_defaults(func=main)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("latency", help="time one batch: TTFT, TPOT and the HBM roofline")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="a published model shape with random weights (implies --load-format dummy)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--input-len", type=int, default=512, help="prompt tokens per sequence")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens per sequence")
+    p.add_argument("--compare", choices=["hf"], default=None,
+                   help="also time HF transformers (eager) on the same config in this process")
+    p.add_argument("--json", default=None, help="write the figures to this JSON file")
+    # the engine flags, at LLM()'s defaults: --model (an HF directory for --compare hf),
+    # --max-model-len, --num-gpu-blocks-override, --max-num-seqs, --enforce-eager, ...
+    EngineArgs.add_cli_args(p)
     p.set_defaults(func=main)
