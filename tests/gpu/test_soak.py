@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 NUM_REQUESTS = int(os.environ.get("HOTPATH_SOAK_REQUESTS", "300"))
 MAX_PROMPT_LEN = 30_000
-MAX_OUTPUT_LEN = 200
+MAX_OUTPUT_LEN = 128
 MAX_POSITIONS = 32_768  # the engine's max_model_len: its default, the model's own
 # 36,864 tokens: the longest request fits (the engine asks that max_model_len does), and a burst
 # with two long prompts does not
