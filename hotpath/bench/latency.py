@@ -193,31 +193,6 @@ def _print_table(r: dict) -> None:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("latency", help="time one batch: TTFT, TPOT and the HBM roofline")
-    p.add_argument("--model", "-m", default=None, help="HF model directory (config.json)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="a published model shape with random weights (implies --load-format dummy)")
-    p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
-                   help="dummy = random weights at the real shapes")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="model dtype (auto = the checkpoint's, bfloat16 for fp32 checkpoints)")
-    p.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="the engine's longest context, which sizes its decode graphs (default: "
-                        "input + output + 16; a server's is usually the model's, e.g. 40960)")
-    p.add_argument("--input-len", type=int, default=512, help="prompt tokens per sequence")
-    p.add_argument("--output-len", type=int, default=128, help="generated tokens per sequence")
-    p.add_argument("--compare", choices=["hf"], default=None,
-                   help="also time HF transformers (eager) on the same config in this process")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="overlap the host's work for step N+1 with step N on the GPU "
-                        "(default: on with a GPU)")
-    p.add_argument("--json", default=None, help="write the figures to this JSON file")
-    p.set_defaults(func=main)
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("latency", help="time one batch: TTFT, TPOT and the HBM roofline")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="a published model shape with random weights (implies --load-format dummy)")
     p.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
