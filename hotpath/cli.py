@@ -1,4 +1,9 @@
-"""The `hotpath` command: generate, chat, fetch, serve, bench serve."""
+"""The `hotpath` command: generate, chat, fetch, serve, bench latency, bench serve.
+
+Each command imports what it needs (torch, transformers, the engine: seconds) when it runs, and
+the parser is built without them, so `--help` answers at once. The bench commands' parsers live in
+their own modules, which import torch: they are built only for a command line that names bench.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,40 @@ import argparse
 import itertools
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from hotpath.engine.args import EngineArgs
 
+if TYPE_CHECKING:
+    from hotpath.llm import LLM
+    from hotpath.outputs import CompletionOutput
+    from hotpath.sampling_params import SamplingParams
+
 _request_ids = itertools.count()
+_QUIT_COMMANDS = ("/exit", "/quit")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each flag's default to its help, except where the help already says it in words
+    (a default of None stands for something computed, e.g. "default: the model's")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "default" in text else super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of `hotpath` and, as the class its subparsers are made of, of every command
+    (the bench modules' own too): help shows each flag's default."""
+
+    def __init__(self, *args, formatter_class: type = _HelpFormatter, **kwargs) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+def _add_command(sub: argparse._SubParsersAction, name: str, help: str,
+                 description: str | None = None) -> argparse.ArgumentParser:
+    # a subparser's description (the top of its --help) is not its help (its line in the list)
+    return sub.add_parser(name, help=help, description=description or help)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -24,10 +59,11 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="> 1 discourages tokens already in the prompt or output")
     g.add_argument("--sampling-seed", type=int, default=None,
-                   help="per-request seed: the same seed gives the same output")
+                   help="per-request seed: the same seed gives the same output (default: none, "
+                        "random sampling draws from the generator that --seed seeds)")
 
 
-def _sampling_params(ns: argparse.Namespace):
+def _sampling_params(ns: argparse.Namespace) -> SamplingParams:
     from hotpath.sampling_params import SamplingParams
 
     return SamplingParams(
@@ -36,27 +72,35 @@ def _sampling_params(ns: argparse.Namespace):
     )
 
 
-def _build_llm(ns: argparse.Namespace):
+def _build_llm(ns: argparse.Namespace) -> LLM:
     from hotpath.llm import LLM
 
     return LLM(**vars(EngineArgs.from_cli_args(ns)))
 
 
-def _stream(llm, prompt_token_ids: list[int], params) -> str:
-    """Runs one request, printing its text as it is generated; returns the whole text."""
+def _stream(llm: LLM, prompt_token_ids: list[int], params: SamplingParams) -> CompletionOutput:
+    """Runs one request, printing its text as it is generated; returns the finished output. A
+    reply cut off by max_tokens or the context limit gets a notice on stderr: it would otherwise
+    look complete."""
     engine = llm.engine
     request_id = f"cli-{next(_request_ids)}"
     engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
     printed = 0
-    text = ""
     while engine.has_unfinished_requests():
         for out in engine.step():
-            text = out.outputs[0].text
-            sys.stdout.write(text[printed:])
+            done = out.outputs[0]
+            sys.stdout.write(done.text[printed:])
             sys.stdout.flush()
-            printed = len(text)
+            printed = len(done.text)
     sys.stdout.write("\n")
-    return text
+    sys.stdout.flush()  # the reply before the notice, when both go to one terminal
+    if done.finish_reason == "length" and len(done.token_ids) < params.max_tokens:
+        print(f"[stopped at the context limit, max_model_len={engine.config.max_model_len}; "
+              "raise --max-model-len for more]", file=sys.stderr)
+    elif done.finish_reason == "length":
+        print(f"[stopped at max_tokens={params.max_tokens}; raise --max-tokens for more]",
+              file=sys.stderr)
+    return done
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
@@ -80,21 +124,26 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     messages: list[dict] = []
     if ns.system:
         messages.append({"role": "system", "content": ns.system})
-    print("hotpath chat: type a message, /reset to start over, Ctrl-D to quit.", file=sys.stderr)
+    print("hotpath chat: type a message, /reset to start over, /exit or Ctrl-D to quit.",
+          file=sys.stderr)
     while True:
         try:
             line = input("> ")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return 0
-        if not line.strip():
+        command = line.strip()
+        if not command:
             continue
-        if line.strip() == "/reset":
+        if command in _QUIT_COMMANDS:
+            return 0
+        if command == "/reset":
             messages = messages[:1] if ns.system else []
+            print("[conversation reset]", file=sys.stderr)
             continue
         messages.append({"role": "user", "content": line})
         reply = _stream(llm, llm.apply_chat_template(messages), params)
-        messages.append({"role": "assistant", "content": reply})
+        messages.append({"role": "assistant", "content": reply.text})
 
 
 def cmd_fetch(ns: argparse.Namespace) -> int:
@@ -168,16 +217,18 @@ def cmd_bench_serve(ns: argparse.Namespace) -> int:
     return 1 if any(s["completed"] == 0 for s in summaries) else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; for a command line `argv`, the bench commands only where `argv` names
+    them: their modules import torch (seconds), which every other command's --help is spared."""
     from hotpath.assets import DEFAULT_MODEL, KNOWN_MODELS
 
-    parser = argparse.ArgumentParser(
-        prog="hotpath", description="Serve and run Qwen and Llama models fast."
-    )
+    parser = _Parser(prog="hotpath", description="Serve and run Qwen and Llama models fast.")
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("generate", help="generate a reply to one prompt, streaming it")
+    p = _add_command(sub, "generate", "generate a reply to one prompt, streaming it",
+                     "Generate a reply to one prompt, streaming it to stdout. A reply cut off by "
+                     "--max-tokens or by the context limit ends with a notice on stderr.")
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--raw", action="store_true",
                    help="send the prompt as is, without the model's chat template")
@@ -185,18 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("chat", help="interactive multi-turn chat in the terminal")
+    p = _add_command(sub, "chat", "interactive multi-turn chat in the terminal",
+                     "Interactive multi-turn chat in the terminal: type a message and press Enter, "
+                     "the reply streams. /reset starts a new conversation (keeping --system); "
+                     f"{' or '.join(_QUIT_COMMANDS)} or Ctrl-D (end of input) quits.")
     p.add_argument("--system", default=None, help="system prompt")
     EngineArgs.add_cli_args(p)
     _add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("fetch", help="download a known model into the cache and print its path")
+    p = _add_command(sub, "fetch", "download a known model into the cache and print its path")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS),
                    help=f"which model (default {DEFAULT_MODEL})")
     p.set_defaults(func=cmd_fetch)
 
-    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    p = _add_command(sub, "serve", "serve the model over an OpenAI-compatible HTTP API")
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1, loopback only; 0.0.0.0 for all)")
@@ -216,13 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("bench", help="benchmarks")
+    p = _add_command(sub, "bench", "benchmarks: latency (of one batch, on a CUDA GPU), serve (load on "
+                                   "a running server)")
     bench = p.add_subparsers(dest="bench_command", required=True)
-    from hotpath.bench.latency import add_parser as add_latency_parser
+    if argv is None or "bench" in argv:
+        from hotpath.bench.latency import add_parser as add_latency_parser
 
-    add_latency_parser(bench)
-    p = bench.add_parser("serve", help="load a running OpenAI-compatible server; report TTFT, TPOT, "
-                                       "inter-token latency and throughput")
+        add_latency_parser(bench)
+    p = _add_command(bench, "serve", "load a running OpenAI-compatible server; report TTFT, TPOT, "
+                                     "inter-token latency and throughput")
     p.add_argument("--base-url", default="http://127.0.0.1:8000",
                    help="the server's root URL, without /v1 (default http://127.0.0.1:8000)")
     p.add_argument("--api-key", default=None, help="API key to send as a bearer token")
@@ -257,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -114,11 +114,14 @@ class OpenAIServing:
                            param="max_tokens", code="context_length_exceeded")
 
     # ---- sampling -----------------------------------------------------------------------
-    def sampling_params(self, req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, req, max_tokens: int | None, logprobs: int | None,
+                        logprobs_field: str = "logprobs") -> SamplingParams:
+        """`logprobs_field`: the request field `logprobs` came from, which an error must name."""
         if not 1 <= req.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {req.n}", param="n")
         if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-            raise APIError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", param="logprobs")
+            raise APIError(400, f"{logprobs_field} must be in [0, {MAX_LOGPROBS}], got {logprobs}",
+                           param=logprobs_field)
         try:
             return SamplingParams(
                 n=req.n,
@@ -245,7 +248,7 @@ class OpenAIServing:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self.check_length(len(ids), max_tokens, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens, logprobs)
+        params = self.sampling_params(req, max_tokens, logprobs, "top_logprobs")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._add(request_id, [ids], params)
         if req.stream:

@@ -9,6 +9,8 @@ from hotpath import LLM, SamplingParams
 from hotpath.runner import model_runner
 from hotpath.runner.decode_inputs import OUT_SLOTS
 
+from output_diff import first_difference  # tests/, on sys.path through conftest.py
+
 MODEL = "qwen3-gqa8-untied-hd"
 
 
@@ -50,6 +52,13 @@ def generate(llm, prompts, params):
             for o in outs]
 
 
+def assert_same(got, want) -> None:
+    """Token ids, ranks and finish reasons exactly; logprobs up to rounding: the graph path's
+    padded batches may sum in another order than the eager path's (see output_diff)."""
+    diff = first_difference(got, want)
+    assert diff is None, diff
+
+
 PLAIN = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
 SAMPLED = [
     SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
@@ -65,7 +74,7 @@ def test_plain_greedy_decode_skips_the_sampler(prompts, monkeypatch):
     calls = []
     sampler = llm.engine.runner.sampler
     monkeypatch.setattr(llm.engine.runner, "sampler", lambda *a: calls.append(len(a[0])) or sampler(*a))
-    assert generate(llm, ps, PLAIN) == want
+    assert_same(generate(llm, ps, PLAIN), want)
     # only the prefill steps sampled eagerly (a graph replays decodes of up to 8 rows)
     assert calls and sum(calls) == len(ps)
 
@@ -100,7 +109,7 @@ def test_short_context_graphs(prompts, monkeypatch):
         recorded(graph, bs, 256)
         for ctx, short, _ in runner.short_graphs[bs]:
             recorded(short, bs, ctx)
-    assert [generate(llm, b, PLAIN) for b in batches] == want
+    assert_same([generate(llm, b, PLAIN) for b in batches], want)
     for limit, longest in replays:
         assert longest <= limit and not any(longest <= s for s in limits if s < limit)
     assert {limit for limit, _ in replays} == set(limits)
@@ -111,7 +120,7 @@ def test_other_rows_sample_the_graph_logits(prompts, params):
     path, ps = prompts
     mixed = [params, PLAIN, params]
     want = generate(make_llm(path, graphs=False), ps, mixed)
-    assert generate(make_llm(path, graphs=True), ps, mixed) == want
+    assert_same(generate(make_llm(path, graphs=True), ps, mixed), want)
 
 
 def test_async_scheduling_through_the_graphs(prompts, monkeypatch):
@@ -143,7 +152,7 @@ def test_async_scheduling_through_the_graphs(prompts, monkeypatch):
         fill(seqs, size, prev, slot)
 
     monkeypatch.setattr(inputs, "fill", fill_and_record)
-    assert generate(llm, ps * 2, params) == want
+    assert_same(generate(llm, ps * 2, params), want)
     assert set(kinds) == {"eager", "in place", "gathered"}
     # tokens came back through the host ring, two steps in flight at a time; every row is given
     # back but that of the step still in flight (the run's last, of finished sequences only)
@@ -158,7 +167,7 @@ def test_async_scheduling_with_decodes_the_budget_left_out(prompts):
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (3, 10, 10)]
     want = generate(make_llm(path, graphs=False), requests, params)
     llm = make_llm(path, graphs=True, async_scheduling=True, max_num_batched_tokens=2)
-    assert generate(llm, requests, params) == want
+    assert_same(generate(llm, requests, params), want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
