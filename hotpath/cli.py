@@ -161,6 +161,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         EngineArgs.from_cli_args(ns), host=ns.host, port=ns.port, api_key=ns.api_key,
         served_model_name=ns.served_model_name, max_body_bytes=ns.max_request_bytes,
         shutdown_timeout=ns.shutdown_timeout, uvicorn_log_level=ns.uvicorn_log_level,
+        engine_process=ns.engine_process,
     )
 
 
@@ -264,6 +265,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish after SIGINT/SIGTERM before "
                         "aborting them (default 30)")
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine in a process of its own, so that HTTP handling and the "
+                        "engine loop do not share a GIL (default on; off runs it in a thread of "
+                        "the server, for comparisons)")
     g.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="uvicorn's own log level (default warning)")

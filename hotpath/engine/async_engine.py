@@ -1,4 +1,8 @@
-"""The async front on the engine, for the server: one engine loop, one stream per request.
+"""The in-process engine front: an Engine driven from a thread of the server's process.
+
+`hotpath serve` runs the engine in a process of its own (engine_client.py), so that HTTP handling
+and the engine loop do not share a GIL; this front remains for tests and for `hotpath serve
+--no-engine-process`, which measures what the separate process buys.
 
 The Engine is single-threaded: only one thread may call add_request / step / abort_request. Here that
 thread is a dedicated background thread running the loop
@@ -12,9 +16,6 @@ Commands reach the loop through a queue and a wake-up event, so the event loop n
 `add` carries a future that resolves once the engine accepted or rejected the request (the engine's
 ValueError comes back to the caller as is).
 
-Outputs are cumulative (the whole text so far), so a stream keeps only the newest one: a client that
-reads slower than the engine produces sees fewer, larger deltas, and nothing queues up without bound.
-
 A consumer that stops iterating (client disconnect, cancelled task) aborts its request in the
 generator's `finally`; the abort is applied before the next step, which frees the KV blocks.
 """
@@ -27,94 +28,27 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 from hotpath.engine.engine import Engine
+from hotpath.engine.front import (
+    EngineDeadError,
+    EngineFront,
+    EngineStats,
+    FinishedHook,
+    ModelInfo,
+    RequestStream,
+)
 from hotpath.outputs import RequestOutput
 from hotpath.sampling_params import SamplingParams
 
 logger = logging.getLogger("hotpath")
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped (an error in a step, or shutdown); no request can be served."""
-
-
-@dataclass
-class EngineStats:
-    """A snapshot of the engine's load, refreshed by the loop after every iteration."""
-
-    num_running: int = 0  # requests with at least one running sequence
-    num_waiting: int = 0  # requests whose sequences all wait (queued or preempted)
-    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    num_preemptions: int = 0
-    prompt_tokens: int = 0  # prompt tokens of every accepted request
-    generation_tokens: int = 0  # tokens generated, aborted requests included
-    num_steps: int = 0
-    num_aborted: int = 0  # requests aborted before they finished (client gone, shutdown)
-
-
-class RequestStream:
-    """The outputs of one request, as an async iterator; the last one has `finished` set.
-
-    Filled from the engine thread (through the event loop's call_soon_threadsafe), read on the event
-    loop. Closing it before the last output aborts the request."""
-
-    def __init__(self, request_id: str, front: "AsyncEngine") -> None:
-        self.request_id = request_id
-        self._front = front
-        self._latest: RequestOutput | None = None
-        self._error: BaseException | None = None
-        self._ready = asyncio.Event()
-        self.finished = False
-        self.closed = False
-
-    # engine side (run on the event loop)
-    def _put(self, out: RequestOutput) -> None:
-        self._latest = out
-        self._ready.set()
-
-    def _fail(self, error: BaseException) -> None:
-        self._error = error
-        self._ready.set()
-
-    # consumer side
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished or self.closed:
-            raise StopAsyncIteration
-        await self._ready.wait()
-        self._ready.clear()
-        if self._error is not None:
-            self.closed = True
-            raise self._error
-        out = self._latest
-        if out.finished:
-            self.finished = True
-        return out
-
-    def close(self) -> None:
-        """Aborts the request unless it finished; safe to call more than once."""
-        if not self.finished and not self.closed:
-            self._front.abort(self.request_id)
-        self.closed = True
-
-    async def aclose(self) -> None:
-        self.close()
-
-
-# Called in the engine thread with each finished (not aborted) request's final output.
-FinishedHook = Callable[[RequestOutput], None]
-
-
-class AsyncEngine:
+class AsyncEngine(EngineFront):
     def __init__(self, engine: Engine, on_finished: FinishedHook | None = None) -> None:
         self.engine = engine
+        self.info = ModelInfo.of(engine)
+        self.tokenizer = engine.tokenizer
         self.on_finished = on_finished
         self.stats = EngineStats()
         self.error: BaseException | None = None
@@ -154,10 +88,6 @@ class AsyncEngine:
     async def add_request(
         self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams
     ) -> RequestStream:
-        """Queues the request; returns its output stream once the engine accepted it.
-
-        Raises the engine's ValueError when it rejects the request, EngineDeadError when no engine
-        loop runs."""
         stream = RequestStream(request_id, self)
         accepted: concurrent.futures.Future = concurrent.futures.Future()
         # stamped here, so TTFT counts the wait for the engine thread's next step boundary
@@ -170,17 +100,6 @@ class AsyncEngine:
             self.abort(request_id)  # it may have been accepted after all
             raise
         return stream
-
-    async def generate(
-        self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
-        """add_request + iterate; leaving the loop early aborts the request."""
-        stream = await self.add_request(request_id, prompt, params)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.close()
 
     def abort(self, request_id: str) -> None:
         self._submit(("abort", request_id))
@@ -209,7 +128,7 @@ class AsyncEngine:
                     outputs = self.engine.step()
                     self.stats.num_steps += 1
                 # stats first, so a consumer woken by an output never sees older stats
-                self._refresh_stats()
+                self.stats.read_load(self.engine)
                 self._dispatch(outputs)
         except BaseException as e:  # a failed step leaves the engine in an unknown state
             logger.exception("hotpath engine loop failed; no further requests will be served")
@@ -254,23 +173,16 @@ class AsyncEngine:
             if out.finished:
                 del self._streams[out.request_id]
                 del self._num_generated[out.request_id]
-                if self.on_finished is not None:
-                    self.on_finished(out)
             deliveries.append((stream, out))
         if deliveries:
             # one wake-up of the event loop per step, not one per request
-            self._loop.call_soon_threadsafe(_deliver, deliveries)
+            self._loop.call_soon_threadsafe(self._deliver, deliveries)
 
-    def _refresh_stats(self) -> None:
-        sched = self.engine.scheduler
-        running = {s.request_id for s in sched.running}
-        waiting = {s.request_id for s in sched.waiting} - running
-        kv = self.engine.kv_cache
-        s = self.stats
-        s.num_running, s.num_waiting = len(running), len(waiting)
-        s.kv_cache_usage = kv.usage
-        s.prefix_queried_tokens, s.prefix_hit_tokens = kv.prefix_queried_tokens, kv.prefix_hit_tokens
-        s.num_preemptions = sched.num_preemptions
+    def _deliver(self, deliveries: list[tuple[RequestStream, RequestOutput]]) -> None:
+        for stream, out in deliveries:
+            if out.finished and self.on_finished is not None:
+                self.on_finished(out)
+            stream._put(out)
 
     def _stop_all(self) -> None:
         """Aborts every request still in the engine and fails every open stream and pending add."""
@@ -292,8 +204,3 @@ class AsyncEngine:
         for stream in self._streams.values():
             self._loop.call_soon_threadsafe(stream._fail, error)
         self._streams.clear()
-
-
-def _deliver(deliveries: list[tuple[RequestStream, RequestOutput]]) -> None:
-    for stream, out in deliveries:
-        stream._put(out)

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hotpath.engine.async_engine import AsyncEngine
+from hotpath.engine.front import EngineDeadError, EngineFront
 from hotpath.server.metrics import ServerMetrics
 from hotpath.server.protocol import (
     APIError,
@@ -129,13 +129,13 @@ async def _parse(request: Request, cls: type[BaseModel], max_body_bytes: int):
 
 
 def build_app(
-    front: AsyncEngine,
+    front: EngineFront,
     model_name: str,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> _Guard:
-    """The ASGI app around a (not yet started) AsyncEngine; its lifespan starts and stops the
-    engine loop."""
+    """The ASGI app around a (not yet started) engine front; its lifespan starts it and, once
+    uvicorn has drained the requests in flight, stops the engine."""
     metrics = ServerMetrics(model_name)
     front.on_finished = metrics.observe_finished
     serving = OpenAIServing(front, model_name)
@@ -159,6 +159,10 @@ def build_app(
         return _error_response(APIError(e.status_code, str(e.detail),
                                         code="not_found" if e.status_code == 404 else None))
 
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(request: Request, e: EngineDeadError) -> JSONResponse:
+        return _error_response(APIError(503, str(e), type="server_error"))
+
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
@@ -168,7 +172,7 @@ def build_app(
     @app.get("/health")
     async def health() -> Response:
         if not front.is_running:
-            raise APIError(503, "the engine is not running", type="server_error")
+            raise APIError(503, str(front.error or "the engine is not running"), type="server_error")
         return Response(status_code=200)
 
     @app.get("/metrics")

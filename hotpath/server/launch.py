@@ -1,4 +1,5 @@
-"""`hotpath serve`: build the engine, then run the app under uvicorn until SIGINT / SIGTERM.
+"""`hotpath serve`: start the engine (in its own process by default), then run the app under uvicorn
+until SIGINT / SIGTERM.
 
 Why FastAPI + uvicorn: the OpenAI API is a dozen JSON routes plus server-sent events, which
 Starlette's StreamingResponse does directly; uvicorn is the ASGI server vLLM and SGLang deploy, with
@@ -14,6 +15,8 @@ import sys
 import uvicorn
 
 from hotpath.engine.args import EngineArgs
+from hotpath.engine.engine_client import EngineClient, EngineStartupError
+from hotpath.engine.front import EngineFront
 
 
 class _Server(uvicorn.Server):
@@ -42,36 +45,60 @@ def run_server(
     max_body_bytes: int | None = None,
     shutdown_timeout: float = 30.0,
     uvicorn_log_level: str = "warning",
+    engine_process: bool = True,
 ) -> int:
-    from hotpath.engine.async_engine import AsyncEngine
-    from hotpath.engine.engine import Engine
     from hotpath.server.app import DEFAULT_MAX_BODY_BYTES, build_app
 
-    engine = Engine(engine_args)
-    name = served_model_name or engine_args.model or _default_model_name()
-    front = AsyncEngine(engine)
-    app = build_app(front, name, api_key=api_key,
-                    max_body_bytes=DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes)
-    capacity = engine.kv_cache.num_blocks * engine.config.block_size
-    shown_host = f"[{host}]" if ":" in host else host
-    print(f"hotpath serve: model {name} ({engine.model_dir}) on {engine.device}, "
-          f"{str(engine.dtype).removeprefix('torch.')}; KV cache {capacity} tokens "
-          f"({engine.kv_cache.num_blocks} blocks of {engine.config.block_size}); "
-          f"max_model_len {engine.config.max_model_len}; API key "
-          f"{'required' if api_key else 'not required'}", file=sys.stderr)
-    print(f"hotpath serve: listening on http://{shown_host}:{port}/v1 (Ctrl-C to stop)",
-          file=sys.stderr, flush=True)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=uvicorn_log_level, access_log=False,
-        timeout_graceful_shutdown=shutdown_timeout, lifespan="on",
-    )
-    server = _Server(config)
-    server.run()
+    # until uvicorn takes the signals over, SIGTERM interrupts the (possibly long) start like Ctrl-C,
+    # so that the engine process is stopped too
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        front = _start_engine(engine_args, engine_process)
+    except KeyboardInterrupt:
+        print("hotpath serve: stopped before the engine was ready", file=sys.stderr, flush=True)
+        return 0
+    except EngineStartupError as e:
+        print(f"hotpath serve: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        name = served_model_name or engine_args.model or _default_model_name()
+        app = build_app(front, name, api_key=api_key,
+                        max_body_bytes=DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes)
+        info = front.info
+        where = (f"engine process {front.pid}" if isinstance(front, EngineClient)
+                 else "engine in the server's process")
+        shown_host = f"[{host}]" if ":" in host else host
+        print(f"hotpath serve: model {name} ({info.model_dir}) on {info.device}, {info.dtype}; KV cache "
+              f"{info.kv_capacity} tokens ({info.num_kv_blocks} blocks of {info.block_size}); "
+              f"max_model_len {info.max_model_len}; {where}; API key "
+              f"{'required' if api_key else 'not required'}", file=sys.stderr)
+        print(f"hotpath serve: listening on http://{shown_host}:{port}/v1 (Ctrl-C to stop)",
+              file=sys.stderr, flush=True)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level=uvicorn_log_level, access_log=False,
+            timeout_graceful_shutdown=shutdown_timeout, lifespan="on",
+        )
+        server = _Server(config)
+        server.run()
+    finally:
+        front.shutdown()  # already done by the app's lifespan unless uvicorn failed or was forced out
     # a failed start (port in use) leaves `started` unset; uvicorn has logged why
     if not server.started:
         return 1
     print("hotpath serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _start_engine(engine_args: EngineArgs, engine_process: bool) -> EngineFront:
+    """The engine front; loads the model before returning."""
+    if engine_process:
+        return EngineClient.launch(engine_args)
+    from hotpath.engine.async_engine import AsyncEngine
+    from hotpath.engine.engine import Engine
+
+    return AsyncEngine(Engine(engine_args))
 
 
 def _default_model_name() -> str:

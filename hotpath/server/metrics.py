@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import threading
 
-from hotpath.engine.async_engine import EngineStats
+from hotpath.engine.front import EngineStats
 from hotpath.outputs import RequestOutput
 
 # Bucket upper bounds in seconds: from GPU decode steps (ms) to CPU requests (minutes).
@@ -51,7 +51,7 @@ class Histogram:
 
 
 class ServerMetrics:
-    """Per-request latencies (fed from the engine thread) and HTTP counts (fed from handlers)."""
+    """Per-request latencies (fed by the engine front) and HTTP counts (fed from handlers)."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -63,7 +63,7 @@ class ServerMetrics:
         self.http: dict[tuple[str, int], int] = {}  # (route, status) -> responses
 
     def observe_finished(self, out: RequestOutput) -> None:
-        """FinishedHook for AsyncEngine: one finished request's latencies."""
+        """The engine front's FinishedHook: one finished request's latencies."""
         m = out.metrics
         arrival, first, done = m.get("arrival_time"), m.get("first_token_time"), m.get("finished_time")
         num_tokens = max((len(o.token_ids) for o in out.outputs), default=0)

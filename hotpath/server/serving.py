@@ -18,7 +18,7 @@ from contextlib import aclosing
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from hotpath.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from hotpath.engine.front import EngineDeadError, EngineFront, RequestStream
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
 from hotpath.sampling_params import MAX_LOGPROBS, SamplingParams
 from hotpath.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -28,19 +28,18 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf; tokens masked by top-k/top-p get th
 
 
 class OpenAIServing:
-    def __init__(self, front: AsyncEngine, model_name: str) -> None:
+    def __init__(self, front: EngineFront, model_name: str) -> None:
         self.front = front
-        self.engine = front.engine
-        self.tokenizer = front.engine.tokenizer
+        self.tokenizer = front.tokenizer
         self.model_name = model_name
-        self.max_model_len = front.engine.config.max_model_len
-        self.vocab_size = front.engine.model_config.vocab_size
+        self.max_model_len = front.info.max_model_len
+        self.vocab_size = front.info.vocab_size
         self.created = int(time.time())
 
     # ---- models -------------------------------------------------------------------------
     def model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created,
-                "owned_by": "hotpath", "root": str(self.engine.model_dir),
+                "owned_by": "hotpath", "root": self.front.info.model_dir,
                 "max_model_len": self.max_model_len}
 
     def check_model(self, model: str | None) -> None:

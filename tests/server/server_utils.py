@@ -1,9 +1,10 @@
-"""Helpers for the server tests: start `hotpath serve` in a subprocess on a free loopback port and
-read its /metrics."""
+"""Helpers for the server tests: start `hotpath serve` in a subprocess on a free loopback port, read
+its /metrics, find its engine process."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,6 +51,21 @@ class ServerProcess:
 
     def gauge(self, name: str) -> float:
         return next(v for k, v in self.metrics().items() if k.split("{")[0] == name)
+
+    def engine_pid(self) -> int:
+        """The engine process's pid, from the startup line."""
+        match = re.search(r"engine process (\d+)", self.log.read_text())
+        assert match, self.log.read_text()[-3000:]
+        return int(match.group(1))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 def start_server(model: str | Path, tmp_dir: Path, *args: str, timeout: float = 180.0) -> ServerProcess:

@@ -5,8 +5,9 @@ import asyncio
 import pytest
 
 from hotpath.engine.args import EngineArgs
-from hotpath.engine.async_engine import AsyncEngine, EngineDeadError
+from hotpath.engine.async_engine import AsyncEngine
 from hotpath.engine.engine import Engine
+from hotpath.engine.front import EngineDeadError
 from hotpath.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

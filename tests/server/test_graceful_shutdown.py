@@ -1,5 +1,5 @@
 """SIGTERM / SIGINT: stop accepting, finish (or after --shutdown-timeout abort) in-flight requests,
-exit 0."""
+stop the engine process, exit 0."""
 
 import json
 import signal
@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from server_utils import start_server
+from server_utils import process_alive, start_server
 
 REQUEST = {"prompt": "Hello", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
 
@@ -42,11 +42,14 @@ def stream_in_thread(url: str):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_graceful_shutdown_finishes_in_flight_requests(tiny_chat_model, tmp_path, sig):
     server = start_server(tiny_chat_model, tmp_path)
+    engine_pid = server.engine_pid()
     first, result, thread = stream_in_thread(server.url)
     assert first.wait(60)
     assert server.stop(sig) == 0
     thread.join(60)
+    # the whole stream came through the engine process: it stopped only after the drain
     assert result["error"] is None and result["done"] and result["finish"] == "length"
+    assert not process_alive(engine_pid)
     with pytest.raises(httpx.ConnectError):  # no longer accepting
         httpx.get(server.url + "/health", timeout=5)
     assert "hotpath serve: stopped" in server.log.read_text()
