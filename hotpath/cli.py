@@ -1,4 +1,4 @@
-"""The `hotpath` command: generate, chat, fetch, serve, bench latency, bench serve.
+"""The `hotpath` command: generate, chat, fetch, serve, bench latency, bench throughput, bench serve.
 
 Each command imports what it needs (torch, transformers, the engine: seconds) when it runs, and
 the parser is built without them, so `--help` answers at once. The bench commands' parsers live in
@@ -275,13 +275,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=cmd_serve)
 
-    p = _add_command(sub, "bench", "benchmarks: latency (of one batch, on a CUDA GPU), serve (load on "
-                                   "a running server)")
+    p = _add_command(sub, "bench", "benchmarks: latency (of one batch), throughput (of a request "
+                                   "mix, offline), both on a CUDA GPU; serve (load on a running server)")
     bench = p.add_subparsers(dest="bench_command", required=True)
     if argv is None or "bench" in argv:
         from hotpath.bench.latency import add_parser as add_latency_parser
+        from hotpath.bench.throughput import add_parser as add_throughput_parser
 
         add_latency_parser(bench)
+        add_throughput_parser(bench)
     p = _add_command(bench, "serve", "load a running OpenAI-compatible server; report TTFT, TPOT, "
                                      "inter-token latency and throughput")
     p.add_argument("--base-url", default="http://127.0.0.1:8000",

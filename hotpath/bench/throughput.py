@@ -76,10 +76,11 @@ class StepKinds:
 
 
 def run(llm: LLM, work: list[tuple[list[int], int]]) -> dict:
-    """Submits every request at once; (elapsed seconds, prompt tokens, output tokens)."""
+    """Submits every request at once: elapsed seconds, token counts and rates."""
     prompts = [{"prompt_token_ids": p} for p, _ in work]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in work]
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -192,8 +193,7 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("throughput", help="offline throughput of a request mix, beside its phases alone",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("throughput", help="offline throughput of a request mix, beside its phases alone")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="a published model shape with random weights (implies --load-format dummy)")
     p.add_argument("--dataset", choices=["random", "sharegpt"], default="random",
