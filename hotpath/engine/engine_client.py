@@ -159,14 +159,19 @@ class EngineClient(EngineFront):
 
     # ---- messages from the engine process -----------------------------------------------------
     def _on_readable(self) -> None:
+        """Handles one message; the loop calls again while more wait, and runs the streams'
+        writers in between (a server slower than the engine fills the pipe, and the engine's
+        send waits, rather than the loop starving its writers)."""
         try:
-            while self._conn.poll():
-                self._handle(self._conn.recv())
+            message = self._conn.recv()
         except (EOFError, OSError):
             self._died()
+            return
+        self._handle(message)
 
     def _on_exit(self) -> None:
-        self._on_readable()  # what it sent before exiting (a FAILED message) comes first
+        while self.error is None and self._conn.poll():  # what it sent before exiting comes first
+            self._on_readable()
         self._died()
 
     def _handle(self, message: tuple) -> None:
