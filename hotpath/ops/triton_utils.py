@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
+from triton.backends.compiler import GPUTarget
 
 _TL_DTYPES = {
     torch.float32: tl.float32,
@@ -85,19 +86,36 @@ def zeroed_counters(purpose: str, size: int, device: torch.device) -> torch.Tens
 _pdl: dict[int, bool] = {}
 
 
+def device_target(device: torch.device | int) -> GPUTarget:
+    """The Triton target (backend, arch, warp size) of the GPU `device`."""
+    with torch.cuda.device(device):
+        return triton.runtime.driver.active.get_current_target()
+
+
+def pdl_supported(target: GPUTarget) -> bool:
+    """Whether kernels compiled for `target` can use PDL: NVIDIA compute capability 9.0 or later
+    and a Triton that has grid dependency control. Not AMD (ROCm's torch calls its GPUs "cuda"
+    too, and an MI300X reports capability 9.4): PDL's griddepcontrol and the L2 prefetch behind
+    it are PTX, so there the kernels compile their fallback, USE_PDL=False."""
+    return target.backend == "cuda" and target.arch >= 90 and hasattr(tl.extra.cuda, "gdc_wait")
+
+
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether Triton kernels on `device` are launched with PDL: CUDA capability 9.0 or later, a
-    Triton that has grid dependency control, and HOTPATH_PDL not set to 0 (for A/B timing)."""
+    """Whether Triton kernels on `device` are launched with PDL: a GPU whose target supports it
+    (pdl_supported) and HOTPATH_PDL not set to 0 (for A/B timing)."""
     if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _pdl:
-        _pdl[index] = (
-            os.environ.get("HOTPATH_PDL", "1") != "0"
-            and torch.cuda.get_device_capability(index)[0] >= 9
-            and hasattr(tl.extra.cuda, "gdc_wait")
-        )
+        _pdl[index] = os.environ.get("HOTPATH_PDL", "1") != "0" and pdl_supported(device_target(index))
     return _pdl[index]
+
+
+def pdl_launch(use_pdl: bool) -> dict[str, bool]:
+    """The launch options of a kernel launched with PDL or not: fn[grid](..., **pdl_launch(use_pdl)).
+    Empty without PDL, since only NVIDIA's Triton knows `launch_pdl` (AMD's rejects the keyword,
+    even set to False)."""
+    return {"launch_pdl": True} if use_pdl else {}
 
 
 @triton.jit
@@ -114,14 +132,56 @@ def pdl_launch_dependents(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# ---- registers and spills, without a GPU ------------------------------------------------------
-# How many registers a kernel takes decides how many of its programs fit on an SM, and a change
-# that looks harmless can double it (a tile held across PDL's wait took the decode attention
-# kernel from 96 to 237 registers, and batch-64 decode from 5 programs per SM to 2). Triton's
-# wheel carries ptxas and cuobjdump, so the count can be read on any Linux machine.
+# ---- compiling without a GPU ------------------------------------------------------------------
+# triton.compile builds a kernel for any target it has a backend for (its wheel carries NVIDIA's
+# ptxas and AMD's linker), so a kernel can be compiled for an H200 or an MI300X on a machine with
+# neither. compile_launch specialises the arguments as a launch on that target would.
 
-_PTR_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
-              torch.int32: "*i32", torch.int64: "*i64"}
+
+def compile_launch(fn, args: tuple, kwargs: dict, target: GPUTarget):
+    """`fn` (a @triton.jit kernel, not interpreted) compiled for `target` as the launch
+    fn[grid](*args, **kwargs) on a GPU of that target would compile it: Triton's own argument
+    specialisation for that backend (16-byte alignment and divisibility by 16; on AMD, buffer
+    loads for tensors under 2 GB) and its check of the launch options, which a keyword the
+    backend does not know fails. Tensors may be on any device, "meta" included (no memory).
+    Returns the CompiledKernel (its .asm holds the binary: "cubin" or "hsaco")."""
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    # JITFunction.run's steps before its cache lookup (Triton internals)
+    backend = make_backend(target)
+    bind = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = bind(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+# Registers and spills: how many registers a kernel takes decides how many of its programs fit
+# on an SM, and a change that looks harmless can double it (a tile held across PDL's wait took
+# the decode attention kernel from 96 to 237 registers, and batch-64 decode from 5 programs per
+# SM to 2). Triton's wheel carries cuobjdump too, so the count can be read on any Linux machine.
+
+
+def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[int, int]:
+    """(registers a thread, spilled bytes a thread) of `fn` compiled for an NVIDIA GPU of compute
+    capability `arch` as the launch fn[grid](*args, **kwargs) would compile it, without a GPU."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia
+
+    kernel = compile_launch(fn, args, kwargs, GPUTarget("cuda", arch, 32))
+    tool = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    assert m, usage
+    return int(m.group(1)), int(m.group(2))
 
 
 # ---- the L1 / shared memory split -------------------------------------------------------------
@@ -187,48 +247,3 @@ def shared_memory_carveout(percent: int, by_kernel: dict[str, int] | None = None
         yield
     finally:
         set_all((-1, {}))
-
-
-def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[int, int]:
-    """(registers a thread, spilled bytes a thread) of `fn` compiled for an NVIDIA GPU of compute
-    capability `arch` as the launch fn[grid](*args, **kwargs) would specialise it (tensors 16-byte
-    aligned, ints multiple of 16 marked so, ints equal to 1 made constant), without a GPU."""
-    import re
-    import subprocess
-    import tempfile
-
-    import triton.backends.nvidia
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    constexprs = {k: v for k, v in kwargs.items() if k in fn.arg_names}
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        value = args[i]
-        specialize = name not in (fn.do_not_specialize or ())
-        if isinstance(value, torch.Tensor):
-            signature[name] = _PTR_TYPES[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        elif specialize and value == 1:
-            signature[name], constexprs[name] = "constexpr", 1
-        else:
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            if specialize and value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-    kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", arch, 32), options=options)
-    tool = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    assert m, usage
-    return int(m.group(1)), int(m.group(2))

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait
 
 BLOCK = 1024
 
@@ -38,5 +38,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         grid = (x2.shape[0], triton.cdiv(half, BLOCK))
         use_pdl = pdl_enabled(x.device)
         _silu_and_mul_kernel[grid](x2, out, half, x2.stride(0), out.stride(0), BLOCK=BLOCK,
-                                   USE_PDL=use_pdl, num_warps=4, launch_pdl=use_pdl)
+                                   USE_PDL=use_pdl, num_warps=4, **pdl_launch(use_pdl))
     return out.view(x.shape[:-1] + (half,))

@@ -19,9 +19,9 @@ def next_power_of_2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
-def dot_precision(dtype) -> str:
-    """fp32 inputs take the full-precision dot (the default would round them to tf32)."""
-    return "ieee" if str(dtype) == "torch.float32" else "tf32"
+def dot_precision(dtype) -> str | None:
+    """fp32: the full-precision dot; others: the target's default (gfx950 has no "tf32" to name)."""
+    return "ieee" if str(dtype) == "torch.float32" else None
 
 
 @triton.jit

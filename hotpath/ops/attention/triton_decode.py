@@ -59,6 +59,7 @@ from hotpath.ops.attention.triton_common import (
 )
 from hotpath.ops.triton_utils import (
     pdl_enabled,
+    pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
     sm_count,
@@ -605,13 +606,13 @@ def paged_attention(
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128), DEFER=defer,
         Q_ROWS=merge_m if QUERY_ROWS_UNPADDED else block_m, ONE_TILE=ONE_TILE_PATH,
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(use_pdl),
     )
     if defer:
         _merge_head_kernel[(num_tokens, num_heads)](
             part_out, part_lse, context_lens, out, num_heads, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n,
             BLOCK_S=min(next_power_of_2(num_splits), MERGE_KERNEL_SPLITS), USE_PDL=use_pdl,
-            num_warps=MERGE_KERNEL_WARPS, launch_pdl=use_pdl,
+            num_warps=MERGE_KERNEL_WARPS, **pdl_launch(use_pdl),
         )
     return out

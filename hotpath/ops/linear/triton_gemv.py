@@ -53,6 +53,7 @@ from hotpath.ops import linear as dispatch
 from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.triton_utils import (
     pdl_enabled,
+    pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
     sm_count,
@@ -494,10 +495,11 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         TAIL_K=cfg.tail_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        # the target's default but for fp32 (see attention.triton_common.dot_precision)
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
         W_EVICT=WEIGHT_EVICTION,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        launch_pdl=use_pdl,
+        **pdl_launch(use_pdl),
     )
     return out.view(*x.shape[:-1], N), stat

@@ -8,7 +8,14 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, row_warps, tl_dtype
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    row_warps,
+    tl_dtype,
+)
 
 
 @triton.jit
@@ -66,7 +73,7 @@ def _launch(x, residual, weight, eps):
             x2, r2, weight, out, summed, hidden, eps,
             x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0),
             HAS_RESIDUAL=residual is not None, SUM_DTYPE=tl_dtype(sum_dtype), BLOCK=block,
-            USE_PDL=use_pdl, num_warps=row_warps(block), launch_pdl=use_pdl,
+            USE_PDL=use_pdl, num_warps=row_warps(block), **pdl_launch(use_pdl),
         )
     return out.view(x.shape[:-1] + (hidden,)), summed.view(x.shape[:-1] + (hidden,))
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait, tl_dtype
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait, tl_dtype
 
 
 @triton.jit
@@ -193,6 +193,6 @@ def qk_norm_rope_and_cache(
         KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim), HALF=half, HALF_PAD=half_pad,
         REST=rest, REST_PAD=rest_pad, USE_PDL=use_pdl,
-        num_warps=4 if heads_pad * head_dim <= 4096 else 8, launch_pdl=use_pdl,
+        num_warps=4 if heads_pad * head_dim <= 4096 else 8, **pdl_launch(use_pdl),
     )
     return q_out

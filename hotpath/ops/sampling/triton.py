@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait
 
 BLOCK = 1024  # elements one program loads at a time
 CHUNK = 2048  # elements of a row per program (151,936 -> 75 programs per row)
@@ -136,7 +136,7 @@ def greedy_sample(
     use_pdl = pdl_enabled(logits.device)
     _chunk_kernel[(rows, num_chunks)](
         logits, chunk_max, chunk_index, chunk_sum, vocab, logits.stride(0), num_chunks,
-        CHUNK=chunk, BLOCK=block, USE_PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
+        CHUNK=chunk, BLOCK=block, USE_PDL=use_pdl, num_warps=4, **pdl_launch(use_pdl),
     )
     if host_out is None:
         slot, host_ids, host_logprobs = token_ids, token_ids, logprobs  # unused
@@ -147,6 +147,6 @@ def greedy_sample(
         chunk_max, chunk_index, chunk_sum, token_ids, logprobs, slot, host_ids, host_logprobs,
         host_ids.stride(0), vocab, num_chunks, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
         HOST_OUT=host_out is not None, USE_PDL=use_pdl, num_warps=1 if num_chunks <= 128 else 4,
-        launch_pdl=use_pdl,
+        **pdl_launch(use_pdl),
     )
     return out

@@ -1,0 +1,361 @@
+"""Every Triton kernel of hotpath, compiled ahead of time on a machine without a GPU for AMD MI300X
+(hip/gfx942), AMD MI355X (hip/gfx950) and the NVIDIA H200 (cuda/90), at the launches the engine
+makes on each.
+
+What passing proves: at every configuration the engine's host code picks on that target for these
+model shapes, each kernel compiles to the target's binary (an hsaco for hip, a cubin for cuda),
+with the launch options and the argument specialisation (alignment, divisibility, AMD's buffer
+loads for tensors under 2 GB) that a launch on that target would use. Nothing runs: no kernel is
+executed on AMD here, so neither results nor speed on AMD are checked.
+
+The launches come from the engine's own code rather than a table of numbers: a two-layer model of
+each shape (bf16) is built on the meta device (no memory) and runs the steps the engine runs, with
+every Triton kernel replaced by a recorder and the target's SM count and PDL choice in place of
+the device's. A child process per target, where the kernels are compiled rather than interpreted
+(tests/ops sets TRITON_INTERPRET=1), records them again and compiles each one with Triton's own
+specialisation for the target (hotpath.ops.triton_utils.compile_launch).
+
+    pytest tests/ops/test_cross_compile.py -v     # a case per (target, launch)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+import hotpath.ops  # noqa: E402
+from hotpath.bench.presets import PRESETS  # noqa: E402
+from hotpath.config import ModelConfig  # noqa: E402
+from hotpath.models.registry import get_model_class  # noqa: E402
+from hotpath.ops import backend, triton_utils  # noqa: E402
+from hotpath.ops.attention import decode_splits, paged_attention, write_kv_cache  # noqa: E402
+from hotpath.ops.sampling import greedy_sample  # noqa: E402
+from hotpath.runner.decode_inputs import DecodeInputs  # noqa: E402
+from hotpath.runner.forward_batch import ForwardBatch  # noqa: E402
+from hotpath.runner.model_runner import SHORT_CONTEXT_GRAPHS  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    target: GPUTarget
+    sm_count: int  # SMs (CUs on AMD): the host code sizes splits and tiles from it
+    memory_gb: int  # sizes the KV cache, whose size decides AMD's buffer loads
+    binary: str  # what the compile must produce
+
+
+TARGETS = {t.name: t for t in (
+    Target("gfx942", GPUTarget("hip", "gfx942", 64), 304, 192, "hsaco"),  # MI300X
+    Target("gfx950", GPUTarget("hip", "gfx950", 64), 256, 288, "hsaco"),  # MI355X
+    Target("sm90", GPUTarget("cuda", 90, 32), 132, 141, "cubin"),  # H200
+)}
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    config: dict  # config.json
+    memory_share: float  # of the GPU's memory for weights and KV cache (gpu_memory_utilization)
+
+
+# the default model's shapes (Qwen2.5-Coder-0.5B): q/k/v biases, no QK-norm, head_dim 64
+QWEN25_05B = dict(architectures=["Qwen2ForCausalLM"], vocab_size=151936, hidden_size=896,
+                  intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True)
+RUNS = (
+    Run("qwen3-0.6b", PRESETS["qwen3-0.6b"], 0.9),
+    Run("qwen3-8b", PRESETS["qwen3-8b"], 0.9),
+    Run("qwen2.5-0.5b", QWEN25_05B, 0.9),
+    # at the default share every layer's K and V caches are over 2 GB, so AMD reads them with
+    # plain loads; a smaller share (or a larger model) takes them under 2 GB: buffer loads
+    Run("qwen3-8b-mem0.3", PRESETS["qwen3-8b"], 0.3),
+)
+# the decode graphs' batch sizes tried: one-row GEMVs, two-row FMA GEMVs, tensor-core GEMVs,
+# cuBLAS projections with the attention alone filling the GPU
+DECODE_BATCHES = (1, 2, 8, 64)
+BLOCK_SIZE = 16  # the engine's default KV block size
+META = torch.device("meta")
+
+
+@dataclass
+class Launch:
+    kernel: str  # module:name of the @triton.jit function
+    label: str  # run/step/kernel(the model parameter it reads, if any)
+    args: tuple
+    kwargs: dict
+
+
+# ---- recording the launches -------------------------------------------------------------------
+
+def _kernel_modules() -> list:
+    """hotpath.ops's Triton modules (triton*.py), imported."""
+    return [importlib.import_module(m.name)
+            for m in pkgutil.walk_packages(hotpath.ops.__path__, "hotpath.ops.")
+            if m.name.rsplit(".", 1)[-1].startswith("triton")]
+
+
+def _jit_functions(module) -> dict[str, object]:
+    """The @triton.jit functions `module` defines (compiled or interpreted)."""
+    return {name: obj for name, obj in vars(module).items()
+            if isinstance(obj, triton.runtime.jit.KernelInterface) and obj.fn.__module__ == module.__name__}
+
+
+def all_kernels() -> set[str]:
+    """Every kernel of hotpath.ops as module:name, by the convention that a kernel's name ends
+    in _kernel (the @triton.jit helpers it calls do not)."""
+    return {f"{m.__name__}:{name}" for m in _kernel_modules() for name in _jit_functions(m)
+            if name.endswith("_kernel")}
+
+
+class _Recorder:
+    """Stands in for a @triton.jit function: fn[grid](*args, **kwargs) records the launch."""
+
+    def __init__(self, kernel: str, launches: list[Launch], roles: dict[int, str], step: list[str]):
+        self.kernel, self.launches, self.roles, self.step = kernel, launches, roles, step
+
+    def __getitem__(self, grid) -> Callable[..., None]:
+        return self._record
+
+    def _record(self, *args, **kwargs) -> None:
+        role = next((self.roles[id(a)] for a in args if id(a) in self.roles), None)
+        label = f"{self.step[0]}/{self.kernel.split(':')[1]}" + (f"({role})" if role else "")
+        self.launches.append(Launch(self.kernel, label, args, kwargs))
+
+
+@contextlib.contextmanager
+def _recording(target: Target, roles: dict[int, str], step: list[str]) -> Iterator[list[Launch]]:
+    """Inside, every @triton.jit function of hotpath.ops records its launches instead of running
+    (labelled with step[0] and the `roles` of the model parameters it reads), the ops take the
+    Triton path on any tensor (meta ones too), and the host code sees `target`'s SM count and PDL
+    choice."""
+    launches: list[Launch] = []
+    stand_ins = {"sm_count": lambda device: target.sm_count,
+                 "pdl_enabled": lambda device: triton_utils.pdl_supported(target.target)}
+    originals = {name: getattr(triton_utils, name) for name in stand_ins}
+    saved: list[tuple[object, str, object]] = []
+    for module in _kernel_modules():
+        replaced = {name: value for name, value in stand_ins.items()
+                    if getattr(module, name, None) is originals[name]}
+        replaced |= {name: _Recorder(f"{module.__name__}:{name}", launches, roles, step)
+                     for name in _jit_functions(module)}
+        for name, value in replaced.items():
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
+    previous = backend.get_backend()
+    backend.set_backend("triton")
+    try:
+        yield launches
+    finally:
+        backend.set_backend(previous)
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
+
+
+def _model(cfg: ModelConfig, max_positions: int) -> torch.nn.Module:
+    """The model as loader.load_model builds it in bf16, on the meta device (no weights)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with META:
+            return get_model_class(cfg.architecture)(cfg, max_positions).eval()
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _kv_cache(run: Run, model: torch.nn.Module, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's K and V caches as the runner sizes them (its _num_kv_blocks, roughly): the
+    memory share less the weights of the full model, over every layer's K and V."""
+    cfg, layers = model.config, run.config["num_hidden_layers"]
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    weights = 2 * (sum(p.numel() for p in model.parameters()) + (layers - cfg.num_hidden_layers) * layer)
+    per_block = 2 * BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim  # bf16, one of K or V
+    blocks = int((run.memory_share * target.memory_gb * 1e9 - weights) // (2 * layers * per_block))
+    shape = (blocks + 1, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)  # + the scratch block
+    return (torch.empty(shape, dtype=torch.bfloat16, device=META),
+            torch.empty(shape, dtype=torch.bfloat16, device=META))
+
+
+def _ints(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(META)
+
+
+def _batch(query_lens: list[int], context_lens: list[int], max_model_len: int) -> ForwardBatch:
+    """A step outside the graphs (ModelRunner._prepare): sequences bringing query_lens tokens to
+    context_lens."""
+    cu = [0]
+    for n in query_lens:
+        cu.append(cu[-1] + n)
+    return ForwardBatch(
+        cu_query_lens=_ints(cu, torch.int32), context_lens=_ints(context_lens, torch.int32),
+        block_tables=torch.empty(len(query_lens), -(-max_model_len // BLOCK_SIZE), dtype=torch.int32,
+                                 device=META),
+        slot_mapping=torch.empty(cu[-1], dtype=torch.int64, device=META),
+        logits_indices=_ints([c - 1 for c in cu[1:]], torch.int64),
+        max_query_len=max(query_lens), max_context_len=max(context_lens))
+
+
+def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) -> None:
+    """The engine's steps for `run`'s model, each named in step[0] before it launches."""
+    cfg, kv_heads = model.config, model.config.num_key_value_heads
+    max_len = cfg.max_position_embeddings  # the engine's default max_model_len
+    k_cache, v_cache = model.attention_layers()[0].caches()
+    # the decode graphs (ModelRunner._capture_decode_graphs and _decode_forward): model, LM head
+    # and greedy sampling on views of the static input buffer, for contexts up to max_model_len
+    # and, for batches where that at least halves the splits, up to a shorter one; the tokens go
+    # to mapped host memory on CUDA only (runner/decode_inputs.MAPPED_OUT)
+    inputs = DecodeInputs(max(DECODE_BATCHES), -(-max_len // BLOCK_SIZE), k_cache.shape[0] - 1,
+                          BLOCK_SIZE, META)
+    for bs in DECODE_BATCHES:
+        splits = decode_splits(bs, kv_heads, max_len, META)
+        for ctx in [max_len] + [c for c in SHORT_CONTEXT_GRAPHS
+                                if c < max_len and 2 * decode_splits(bs, kv_heads, c, META) <= splits]:
+            step[0] = f"{run.name}/decode-b{bs}-ctx{ctx}"
+            input_ids, positions, batch = inputs.views(bs, ctx)
+            logits = model.compute_logits(model(input_ids, positions, batch))
+            host_out = inputs.host_out(bs) if target.target.backend == "cuda" else None
+            greedy_sample(logits, out=(inputs.token_ids[:bs], inputs.logprobs[:bs]), host_out=host_out)
+    # steps outside the graphs (ModelRunner.launch): the model, then the LM head on the rows that
+    # sample. A prefill of two sequences (one after a cached prefix); a chunk of 5 tokens after
+    # 1000 cached (the decode attention kernel with several queries a sequence, which merges its
+    # splits itself)
+    for name, query_lens, context_lens in (("prefill", [1000, 512], [1000, 2048]),
+                                           ("chunk5-after1000", [5], [1005])):
+        step[0] = f"{run.name}/{name}"
+        batch = _batch(query_lens, context_lens, max_len)
+        tokens = torch.empty(sum(query_lens), dtype=torch.int64, device=META)
+        model.compute_logits(model(tokens, tokens, batch)[batch.logits_indices])
+    # what the engine does not launch but hotpath.ops offers: writing K/V into the cache (the
+    # engine's RoPE kernels do it), and decode attention on rotated queries
+    step[0] = f"{run.name}/ops"
+    kv = torch.empty(512, 2, kv_heads, cfg.head_dim, dtype=torch.bfloat16, device=META)
+    write_kv_cache(kv[:, 0], kv[:, 1], k_cache, v_cache, torch.empty(512, dtype=torch.int64, device=META))
+    q = torch.empty(1, cfg.num_attention_heads, cfg.head_dim, dtype=torch.bfloat16, device=META)
+    batch = _batch([1], [1000], max_len)
+    paged_attention(q, k_cache, v_cache, batch.cu_query_lens, batch.context_lens, batch.block_tables,
+                    cfg.head_dim**-0.5, 1, max_len)
+
+
+def _key(value) -> object:
+    """What a launch's compile may depend on in an argument: a tensor's dtype, alignment and
+    whether it is under 2 GB (AMD's buffer loads), any other value itself."""
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16, value.untyped_storage().nbytes() < 2**31)
+    return repr(value)
+
+
+@functools.cache
+def record(target: Target) -> list[Launch]:
+    """The distinct kernel launches of every run's steps on `target`, in order."""
+    seen: set[tuple] = set()
+    launches: list[Launch] = []
+    for run in RUNS:
+        # two layers: the first normalises its input from the embedding's statistic, the
+        # second from the first one's down_proj (a launch of its own)
+        cfg = ModelConfig.from_dict(dict(run.config, num_hidden_layers=2))
+        model = _model(cfg, cfg.max_position_embeddings)
+        caches = _kv_cache(run, model, target)
+        for attn in model.attention_layers():
+            attn.kv_cache = caches
+        roles: dict[int, str] = {}  # parameter -> its name ("=" joins tied ones)
+        for name, p in model.named_parameters(remove_duplicate=False):
+            role = name.removeprefix("model.").removesuffix(".weight")
+            roles[id(p)] = f"{roles[id(p)]}={role}" if id(p) in roles else role
+        step = [""]
+        with torch.inference_mode(), _recording(target, roles, step) as recorded:
+            _steps(run, model, target, step)
+        for launch in recorded:
+            key = (launch.kernel, tuple(map(_key, launch.args)),
+                   tuple((k, _key(v)) for k, v in sorted(launch.kwargs.items())))
+            if key not in seen:
+                seen.add(key)
+                launches.append(launch)
+    labels = [launch.label for launch in launches]
+    assert len(set(labels)) == len(labels), "two distinct launches share a label"
+    return launches
+
+
+# ---- compiling them ----------------------------------------------------------------------------
+
+def compile_all(target: Target) -> dict[str, dict]:
+    """label -> {"binary": kind, "bytes": size} or {"error": message}, for each launch of
+    record(target) compiled for it. The kernels must be compiled, not interpreted, here."""
+    results = {}
+    for launch in record(target):
+        module, name = launch.kernel.split(":")
+        fn = getattr(importlib.import_module(module), name)
+        try:
+            asm = triton_utils.compile_launch(fn, launch.args, launch.kwargs, target.target).asm
+            kind = next(k for k in ("hsaco", "cubin") if k in asm)
+            results[launch.label] = {"binary": kind, "bytes": len(asm[kind])}
+        except Exception as e:  # reported by the launch's test case
+            root = e
+            while root.__cause__ is not None:  # a compile error's message is in its cause
+                root = root.__cause__
+            results[launch.label] = {"error": f"{type(e).__name__}: {str(e)[-2000:]}\n"
+                                              f"caused by {type(root).__name__}: {str(root)[-1000:]}"}
+    return results
+
+
+def pytest_generate_tests(metafunc):
+    if "label" in metafunc.fixturenames:
+        cases = [(t, launch.label) for t in TARGETS for launch in record(TARGETS[t])]
+        metafunc.parametrize("target,label", cases, ids=[f"{t}:{label}" for t, label in cases])
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, dict[str, dict]]:
+    """target -> compile_all(target), each in a child process of its own (side by side), with an
+    empty Triton cache: every kernel really compiled, and nothing left in ~/.triton."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    children = {t: subprocess.Popen([sys.executable, __file__, t], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for t in TARGETS}
+    results = {}
+    for t, child in children.items():
+        out, err = child.communicate(timeout=900)
+        assert child.returncode == 0, err[-3000:]
+        results[t] = json.loads(out)
+    return results
+
+
+def test_compiles(compiled, target, label):
+    result = compiled[target][label]
+    assert "error" not in result, result["error"]
+    assert result["binary"] == TARGETS[target].binary and result["bytes"] > 0, result
+
+
+def test_every_kernel_is_compiled():
+    """A kernel no step launches (a new one, or one the engine stopped launching) fails here
+    rather than going uncompiled unnoticed."""
+    recorded = {launch.kernel for target in TARGETS.values() for launch in record(target)}
+    assert all_kernels() <= recorded, sorted(all_kernels() - recorded)
+
+
+def test_pdl_follows_the_target():
+    """PDL (PTX) on the H200, as before; on AMD the kernels' fallback, USE_PDL off, and no
+    launch_pdl option (AMD's Triton rejects the keyword, even set to False)."""
+    for target in TARGETS.values():
+        pdl = target.target.backend == "cuda"
+        for launch in record(target):
+            assert launch.kwargs.get("USE_PDL", pdl) == pdl, launch.label
+            assert pdl or "launch_pdl" not in launch.kwargs, launch.label
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must be compiled, not interpreted"
+    print(json.dumps(compile_all(TARGETS[sys.argv[1]])))
