@@ -90,24 +90,35 @@ def test_rope_cache_writes_to_high_blocks(high_cache, gpu_triton):
         assert torch.equal(got_v, v_cache[blocks, rows])
 
 
-@pytest.mark.parametrize("rows", [1, 2, 16])
-def test_gemv_and_embedding_past_2_31_weight_elements(rows, gpu_triton):
-    """A [540000, 4096] weight (2.2e9 elements): the GEMV's and the embedding's last rows."""
-    from hotpath.ops.embedding import embedding_with_sumsq
-    from hotpath.ops.linear import linear, use_gemv
-
-    n, k = 540_000, 4096
-    weight = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
-    weight[-70_000:].normal_(std=0.02)  # rows past 2**31 / 4096 = 524288
-    weight[:-70_000].zero_()
-    x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
-    assert use_gemv(x, weight)
-    got = linear(x, weight)[:, -70_000:].float()
-    want = x.float() @ weight[-70_000:].float().T
-    assert rel_err(got, want) < TOL[torch.bfloat16]
-    ids = torch.tensor([n - 1, 530_000, 524_288, 3][:rows] + [n - 2] * max(0, rows - 4), device="cuda")
-    emb, sumsq = embedding_with_sumsq(ids, weight)
-    assert torch.equal(emb, weight[ids])
-    assert rel_err(sumsq.flatten(), weight[ids].float().pow(2).sum(-1)) < 1e-5
+@pytest.fixture(scope="module")
+def big_weight():
+    """A [540000, 4096] weight (2.2e9 elements): random in its rows past 2**31 / 4096 = 524288."""
+    weight = torch.zeros(540_000, 4096, dtype=torch.bfloat16, device="cuda")
+    weight[-70_000:].normal_(std=0.02)
+    yield weight
     del weight
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 16])
+def test_gemv_past_2_31_weight_elements(big_weight, rows, gpu_triton):
+    """One row runs the GEMV kernel at any weight size; several rows take it only on weights of
+    at most 2**24 elements (ops/linear), so cuBLAS serves them here: either way, the last rows."""
+    from hotpath.ops.linear import MULTI_ROW_MAX_WEIGHT_ELEMENTS, linear, use_gemv
+
+    x = torch.randn(rows, big_weight.shape[1], dtype=torch.bfloat16, device="cuda")
+    assert use_gemv(x, big_weight) == (rows == 1)
+    assert MULTI_ROW_MAX_WEIGHT_ELEMENTS < BIG
+    got = linear(x, big_weight)[:, -70_000:].float()
+    want = x.float() @ big_weight[-70_000:].float().T
+    assert rel_err(got, want) < TOL[torch.bfloat16]
+
+
+def test_embedding_past_2_31_weight_elements(big_weight, gpu_triton):
+    from hotpath.ops.embedding import embedding_with_sumsq
+
+    n = big_weight.shape[0]
+    ids = torch.tensor([n - 1, 530_000, 524_288, 3] + [n - 2] * 12, device="cuda")
+    emb, sumsq = embedding_with_sumsq(ids, big_weight)
+    assert torch.equal(emb, big_weight[ids])
+    assert rel_err(sumsq.flatten(), big_weight[ids].float().pow(2).sum(-1)) < 1e-5
