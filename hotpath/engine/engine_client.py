@@ -51,7 +51,8 @@ class EngineStartupError(RuntimeError):
 
 
 class EngineClient(EngineFront):
-    def __init__(self, process: BaseProcess, conn: Connection, info: ModelInfo, tokenizer) -> None:
+    def __init__(self, process: BaseProcess, conn: Connection, info: ModelInfo,
+                 tokenizer: object | None) -> None:
         self.process = process
         self.info = info
         self.tokenizer = tokenizer
@@ -65,7 +66,6 @@ class EngineClient(EngineFront):
         self._assembler = OutputAssembler()
         self._failure: str | None = None  # what a FAILED message said
         self._stopping = False
-        self._stopped = False
 
     @property
     def pid(self) -> int:
@@ -95,8 +95,10 @@ class EngineClient(EngineFront):
                 from transformers import AutoTokenizer
 
                 tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or info.model_dir)
-        except BaseException:  # a startup error (the child has exited) or an interrupt: no waiting
-            _stop(process, conn, timeout=0)
+        except BaseException:  # a startup error (the child is exiting) or an interrupt: no waiting
+            process.kill()
+            process.join()
+            conn.close()
             raise
         return cls(process, conn, info, tokenizer)
 
@@ -110,9 +112,9 @@ class EngineClient(EngineFront):
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stops the engine process (it aborts what is left) and fails every open stream."""
-        if self._stopped:
+        if self._stopping:
             return
-        self._stopped = self._stopping = True
+        self._stopping = True
         self._remove_readers()  # the child's end-of-file from here on is no death
         if self.error is None:
             with contextlib.suppress(OSError):
@@ -129,7 +131,7 @@ class EngineClient(EngineFront):
         self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams
     ) -> RequestStream:
         if not self.is_running:
-            raise self.error or EngineDeadError("the engine is not running")
+            raise EngineDeadError(str(self.error or "the engine is not running"))
         if request_id in self._pending or request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         stream = RequestStream(request_id, self)
