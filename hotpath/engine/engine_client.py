@@ -140,8 +140,8 @@ class EngineClient(EngineFront):
         try:
             # stamped here, so TTFT counts the wait for the engine's next step boundary
             self._conn.send((ADD, request_id, prompt, params, time.monotonic()))
-        except OSError:
-            self._died()
+        except OSError as e:
+            self._died(f"the pipe to it failed: {type(e).__name__}: {e}")
         try:
             await accepted
         except asyncio.CancelledError:
@@ -156,8 +156,8 @@ class EngineClient(EngineFront):
         if self.is_running:
             try:
                 self._conn.send((ABORT, request_id))
-            except OSError:
-                self._died()
+            except OSError as e:
+                self._died(f"the pipe to it failed: {type(e).__name__}: {e}")
 
     # ---- messages from the engine process -----------------------------------------------------
     def _on_readable(self) -> None:
@@ -166,12 +166,16 @@ class EngineClient(EngineFront):
         send waits, rather than the loop starving its writers)."""
         try:
             message = self._conn.recv()
-        except (EOFError, OSError):
-            self._died()
+        except (EOFError, OSError) as e:
+            self._died(f"the pipe from it failed: {type(e).__name__}: {e}" if str(e) else "its pipe closed")
             return
         self._handle(message)
 
     def _on_exit(self) -> None:
+        if self.process.exitcode is None:  # the sentinel turned readable, yet the process lives on
+            logger.warning("the engine process's sentinel turned readable while it runs; watching its pipe only")
+            self._loop.remove_reader(self.process.sentinel)
+            return
         while self.error is None and self._conn.poll():  # what it sent before exiting comes first
             self._on_readable()
         self._died()
@@ -206,16 +210,20 @@ class EngineClient(EngineFront):
                     self.on_finished(out)
             stream._put(out)
 
-    def _died(self) -> None:
+    def _died(self, pipe_error: str | None = None) -> None:
         """The engine process is gone (or its pipe is): fail everything, now and from now on."""
         if self.error is not None or self._stopping:
             return
         self._remove_readers()
         self.process.join(1.0)  # end-of-file can come a moment before the exit status
-        if self.process.is_alive():  # it closed the pipe yet lives on: of no use any more
+        if self.process.is_alive():  # its pipe failed yet it lives on: of no use any more
+            logger.error("hotpath serve: the engine process is alive but %s; stopping it",
+                         pipe_error or "its pipe failed")
             self.process.kill()
             self.process.join()
-        why = _exit_description(self.process.exitcode)
+            why = f"{pipe_error or 'its pipe failed'}; stopped by the server"
+        else:
+            why = _exit_description(self.process.exitcode)
         if self._failure is not None:
             why = f"{self._failure}; {why}"
         error = EngineDeadError(f"engine process died ({why}); restart the server")
