@@ -24,6 +24,7 @@ import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import time
 from multiprocessing.connection import Connection
@@ -109,6 +110,10 @@ class EngineClient(EngineFront):
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._conn.fileno(), self._on_readable)
         self._loop.add_reader(self.process.sentinel, self._on_exit)
+        # uvloop (uvicorn's loop where installed) makes a watched fd non-blocking; the pipe's
+        # messages are sent and read whole, so it must block: a send to a full socket buffer
+        # raised BlockingIOError under 64 streams on the GPU, and a half-arrived message would too
+        os.set_blocking(self._conn.fileno(), True)
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stops the engine process (it aborts what is left) and fails every open stream."""

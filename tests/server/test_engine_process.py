@@ -11,6 +11,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from server_utils import process_alive, start_server
 
@@ -102,3 +103,45 @@ def test_in_process_engine_still_serves(tiny_chat_model, tmp_path):
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
     assert server.stop() == 0
     assert "engine in the server's process" in server.log.read_text()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_pipe_stays_blocking_on_every_loop(tiny_chat_model, loop):
+    """uvicorn runs on uvloop where it is installed, and uvloop makes a watched fd non-blocking:
+    the client's sends then raised BlockingIOError once 64 streams filled the socket buffer (H200),
+    and the engine was declared dead. Messages cross the pipe whole, so it must stay blocking,
+    and a burst of large requests must all come back."""
+    import asyncio
+
+    from hotpath.engine.args import EngineArgs
+    from hotpath.engine.engine_client import EngineClient
+    from hotpath.sampling_params import SamplingParams
+
+    if loop == "uvloop":  # in the test extra on Linux, as in the serve extra
+        import uvloop
+
+        new_loop = uvloop.new_event_loop
+    else:
+        new_loop = asyncio.new_event_loop
+    client = EngineClient.launch(EngineArgs(model=str(tiny_chat_model), device="cpu"))
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+
+    async def burst() -> list[int]:
+        client.start()
+        assert os.get_blocking(client._conn.fileno())
+
+        async def one(i: int) -> int:
+            stream = await client.add_request(f"r{i}", {"prompt_token_ids": [5 + i % 50] * 500}, params)
+            final = None
+            async for out in stream:
+                final = out
+            return len(final.outputs[0].token_ids)
+
+        return await asyncio.gather(*(one(i) for i in range(64)))  # more ADD bytes at once than the socket buffer holds
+
+    try:
+        event_loop = new_loop()
+        assert event_loop.run_until_complete(burst()) == [2] * 64
+    finally:
+        client.shutdown()
+        event_loop.close()
