@@ -57,8 +57,9 @@ def free_port() -> int:
 
 
 def engine_flags(ns: argparse.Namespace, model_dir: str) -> list[str]:
-    return ["--model", model_dir, "--load-format", ns.load_format, "--tokenizer", ns.tokenizer,
-            "--device", ns.device, "--max-model-len", str(ns.max_model_len)]
+    flags = ["--model", model_dir, "--load-format", ns.load_format, "--tokenizer", ns.tokenizer,
+             "--device", ns.device]
+    return flags + (["--max-model-len", str(ns.max_model_len)] if ns.max_model_len else [])
 
 
 def run_server(ns: argparse.Namespace, mode: str, model_dir: str, warmup: list[BenchRequest],
@@ -140,7 +141,7 @@ def main() -> int:
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--tokenizer", default=str(ROOT / ".whl" / "qwen3-tokenizer"))
     p.add_argument("--device", default="auto")
-    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's, as a user gets it")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=64, help="requests, all in flight at once (default 64)")
@@ -163,16 +164,14 @@ def main() -> int:
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
     summary = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device,
-               "torch": torch.__version__, "commit": commit, "model": ns.model or ns.preset,
+               "torch": torch.__version__, "model": ns.model or ns.preset,
                "load_format": ns.load_format, "input_len": ns.input_len, "output_len": ns.output_len,
                "concurrency": ns.concurrency, "results": results}
     (ns.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     print(f"\n{device}, {summary['model']} ({ns.load_format}), {ns.concurrency} requests at once, "
-          f"{ns.input_len} in / {ns.output_len} out, commit {commit}\n")
+          f"{ns.input_len} in / {ns.output_len} out\n")
     print("| run | TPOT p50 / mean (ms) | ITL p50 (ms) | TTFT p50 (ms) | output tok/s | failed |")
     print("|---|---|---|---|---|---|")
     for key, r in results.items():
