@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmark on the GPU: `hotpath serve` with random Qwen3-8B weights, loaded by
 # `hotpath bench serve` over loopback. Needs the server's wheels in .whl/ (the device image lacks
-# fastapi/uvicorn) and a Qwen tokenizer directory in .gpu_assets/tokenizer/.
+# fastapi/uvicorn) and the Qwen3 tokenizer in .whl/qwen3-tokenizer/ (both from scripts/gpu_assets.sh).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hotpath-gpu}
@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
 model=$(python3 -c "from hotpath.bench.presets import preset_dir; print(preset_dir('qwen3-8b'))")
-python3 -m hotpath.cli serve --model "$model" --load-format dummy --tokenizer .gpu_assets/tokenizer \
+python3 -m hotpath.cli serve --model "$model" --load-format dummy --tokenizer .whl/qwen3-tokenizer \
   --served-model-name qwen3-8b-dummy --max-model-len 4096 --port 8000 > "$OUT/server.log" 2>&1 &
 server=$!
 for _ in $(seq 1 180); do
