@@ -65,7 +65,7 @@ class StepKinds:
         def counting_launch(scheduled, prev=None):
             decodes = sum(1 for seq, n in scheduled if n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens)
             if decodes == len(scheduled):
-                kind = "decode_graph" if runner._graph_size(scheduled) else "decode_eager"
+                kind = "decode_graph" if runner.uses_graph(scheduled) else "decode_eager"
             else:
                 kind = "mixed" if decodes else "prefill"
             self.counts[kind] += 1
@@ -108,7 +108,7 @@ def decode_rate(llm: LLM, batch: int, prompt_len: int, output_len: int, vocab: i
             if len(started) == batch:
                 t0, tokens = time.perf_counter(), 0
         else:
-            tokens += sum(1 for _ in outs)
+            tokens += len(outs)
     elapsed = time.perf_counter() - t0
     return {"tok_s": tokens / elapsed, "step_s": elapsed / (tokens / batch), "batch": batch,
             "prompt_len": prompt_len, "output_len": output_len}

@@ -177,10 +177,6 @@ class EngineClient(EngineFront):
         self._handle(message)
 
     def _on_exit(self) -> None:
-        if self.process.exitcode is None:  # the sentinel turned readable, yet the process lives on
-            logger.warning("the engine process's sentinel turned readable while it runs; watching its pipe only")
-            self._loop.remove_reader(self.process.sentinel)
-            return
         while self.error is None and self._conn.poll():  # what it sent before exiting comes first
             self._on_readable()
         self._died()
