@@ -248,10 +248,10 @@ def _carveouts(percent: int, every_graph: bool = False, **by_kernel: int) -> lis
 ATTENTION_KERNELS = ("_decode_split_kernel", "_merge_head_kernel")
 
 # Other variants: attributes set on modules while the variant's graph is captured (a script may
-# add entries and call main()). merge_in_attention: decode attention merging its splits in its
-# last split to finish, as before run I (batch 1) and run K (batch 2-16), not in the merge kernel
+# add entries and call main()). The variants of runs I-N that needed a kernel switch in the product
+# (merge in the attention kernel, query rows padded, every split through the tile loop) are gone
+# with their switches: docs/decisions.md
 PATCHES: dict[str, list[tuple[object, str, object]]] = {
-    "merge_in_attention": [(triton_decode, "MERGE_KERNEL", False)],
     # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round took two rounds for 9 splits
     # (run H call 4); merge_min1: the rule before MIN_MERGE_SPLITS
     "merge16k": [(triton_decode, "MERGE_ELEMENTS", 16384)],
@@ -262,11 +262,6 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
     # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
-    # decode attention as before run N: the query normed and rotated on all BLOCK_M rows
-    # (q_padded), every split through the pipelined tile loop (loop_only), or both
-    "q_padded": [(triton_decode, "QUERY_ROWS_UNPADDED", False)],
-    "loop_only": [(triton_decode, "ONE_TILE_PATH", False)],
-    "attention_before_n": [(triton_decode, "QUERY_ROWS_UNPADDED", False), (triton_decode, "ONE_TILE_PATH", False)],
     # the greedy sampler's two kernels launched without PDL, as before run N
     "sampler_no_pdl": [(sampling_triton, "pdl_enabled", lambda device: False)],
     # the GEMV's weight loads under the default eviction policy (evict_first since run L)

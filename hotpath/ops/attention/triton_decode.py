@@ -83,22 +83,13 @@ MERGE_ELEMENTS = 8192
 # two made the 32B step 2% faster (H200, run H), at 207 registers rather than 166 (Triton 3.6)
 MIN_MERGE_SPLITS = 16
 # A call of one query token a sequence (decode) merges its splits in a kernel of its own, a program
-# per (token, head), rather than in the last split of each kv head to finish (False: always
-# there): the fence, atomic counter and dependent read of the partials left the attention kernel's
-# chain, and the batch-1 step was 1-2.6% faster at Qwen3-8B, 1.7-4.7% at Qwen3-0.6B and 0.9% at
-# Qwen3-32B (H200, run I calls 8-14; run E's separate merge, a program per kv head, had been
-# slower); batch 2-16: run K. Verify steps (several tokens a sequence) keep the merge here.
-MERGE_KERNEL = True
+# per (token, head); verify steps (several tokens a sequence) merge in the last split of each kv
+# head to finish (docs/decisions.md).
 # splits the merge kernel reads a round (fp32 [32, 128]: 64 registers a thread at 2 warps)
 MERGE_KERNEL_SPLITS = 32
 # Two warps rather than four: the Qwen3-8B step 1.3% faster, 0.6B 0.3% (one warp: 8B the same,
 # 0.6B 2.7% slower; H200, run J call 5)
 MERGE_KERNEL_WARPS = 2
-# The query normed and rotated on its real rows only, and splits of one tile attending to it
-# without the tile loop (False: as before run N, for A/B timing): together the Qwen3-0.6B step
-# 2.6% faster, each about half of that; Qwen3-8B the same (H200, run N)
-QUERY_ROWS_UNPADDED = True
-ONE_TILE_PATH = True
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
 
@@ -233,7 +224,6 @@ def _decode_split_kernel(
     KV_LINES: tl.constexpr,  # 128-byte lines in a cache row (L2 prefetch)
     DEFER: tl.constexpr,  # store the partials only: _merge_head_kernel merges them
     Q_ROWS: tl.constexpr,  # query rows normed and rotated (<= BLOCK_M, a power of 2)
-    ONE_TILE: tl.constexpr,  # splits of one tile skip the tile loop
 ):
     pdl_launch_dependents(USE_PDL)
     seq = tl.program_id(0)
@@ -351,7 +341,7 @@ def _decode_split_kernel(
     # (the loop is written twice: a flag set under a compile-time condition and tested after it is
     # a run-time value to Triton, which then compiles both sides, and DIRECT has no rows from
     # before the wait for the one-tile side)
-    if ONE_TILE and not DIRECT:
+    if not DIRECT:
         if (start < end) & (end - start <= BLOCK_N):
             # a split of one tile (every split, while the context is at most the splits x
             # BLOCK_N): its rows are known from before the wait, and no loop pipelines loads
@@ -560,8 +550,8 @@ def paged_attention(
     if num_tokens == 0:
         return out
     direct = num_splits == 1
-    # one token a sequence, with splits: the merge as a kernel of its own (see MERGE_KERNEL)
-    defer = MERGE_KERNEL and not direct and max_query_len == 1 and num_tokens == num_seqs
+    # one token a sequence, with splits: the merge as a kernel of its own (_merge_head_kernel)
+    defer = not direct and max_query_len == 1 and num_tokens == num_seqs
     merge_m = next_power_of_2(max_query_len * group)
     counters = _counters(q.device)
     if direct:
@@ -605,7 +595,7 @@ def paged_attention(
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128), DEFER=defer,
-        Q_ROWS=merge_m if QUERY_ROWS_UNPADDED else block_m, ONE_TILE=ONE_TILE_PATH,
+        Q_ROWS=merge_m,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(use_pdl),
     )
     if defer:
