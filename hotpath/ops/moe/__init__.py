@@ -1,0 +1,62 @@
+"""Mixture of experts: top-k routing and the routed experts' gated MLPs, as HF's Qwen2-MoE /
+Qwen3-MoE sparse blocks compute them (reference.py), with Triton kernels on the GPU (see
+hotpath/ops/backend.py): triton_route.py for the routing, triton_decode.py for a few tokens and
+triton_grouped.py for more. All of them run without a host sync, so a CUDA graph can hold them.
+
+    weights, ids = route(router_logits, top_k, renormalize)  # [T, k] fp32, [T, k] int32
+    out = fused_moe(x, w13, w2, weights, ids)  # [T, H]
+
+w13 [E, 2 * I, H] stacks each expert's gate_proj rows then its up_proj rows; w2 [E, H, I] its
+down_proj.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hotpath.ops import backend
+from hotpath.ops.moe import reference
+
+# Token counts up to this run the decode kernels (each distinct expert's weights read once, every
+# token's row in one 16-row dot tile); more run the grouped GEMM, whose taller tiles reuse each
+# weight tile over more tokens. 16 is the most the decode kernels take; where the two meet is to
+# be measured (benchmarks/tune_moe.py times both up to 16).
+FEW_TOKENS = 16
+
+
+def route(
+    router_logits: torch.Tensor,  # [T, E]
+    top_k: int,
+    renormalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [T, top_k] fp32 weights, [T, top_k] int32 expert ids
+    """Softmax over the experts in fp32, the top_k largest (ties to the lower expert index),
+    renormalised to sum to 1 if asked. The weights stay fp32; fused_moe rounds them to the model
+    dtype where it multiplies, as HF's router does before returning them."""
+    if backend.use_triton(router_logits):
+        from hotpath.ops.moe import triton_route
+
+        return triton_route.route(router_logits, top_k, renormalize)
+    return reference.route(router_logits, top_k, renormalize)
+
+
+def fused_moe(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2 * I, H]
+    w2: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [T, k] fp32
+    topk_ids: torch.Tensor,  # [T, k] int32, distinct within a row
+) -> torch.Tensor:  # [T, H] in x's dtype
+    """sum_j topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, j],
+    rounded as HF's experts path rounds (see reference.py)."""
+    if backend.use_triton(x):
+        if x.shape[0] <= FEW_TOKENS:
+            from hotpath.ops.moe import triton_decode
+
+            return triton_decode.fused_moe(x, w13, w2, topk_weights, topk_ids)
+        from hotpath.ops.moe import triton_grouped
+
+        return triton_grouped.fused_moe(x, w13, w2, topk_weights, topk_ids)
+    return reference.fused_moe(x, w13, w2, topk_weights, topk_ids)
+
+
+__all__ = ["FEW_TOKENS", "fused_moe", "route"]

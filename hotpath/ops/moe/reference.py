@@ -1,0 +1,90 @@
+"""Mixture of experts as HF transformers computes it (Qwen2-MoE / Qwen3-MoE sparse blocks).
+
+route: the router's softmax over the experts in fp32, the top k, optionally renormalised so that
+the k weights sum to 1 (Qwen3MoeTopKRouter / Qwen2MoeTopKRouter). Ties go to the lower expert
+index, in which experts are picked and in their order. HF calls torch.topk, which promises no
+order among equal values (on the CPU it picks among exact ties freely, even which experts make the
+top k; CUDA's takes the lower indices into the top k): only exact ties differ, which random fp32
+router logits do not produce. The weights stay fp32 here; HF casts them to the model dtype in the
+router, and fused_moe makes that cast where it multiplies by them.
+
+fused_moe: each token's output is the sum over its k experts of weight * down(silu(gate(x)) *
+up(x)). It rounds as transformers' default experts path does (>= 5: "grouped_mm", which
+from_pretrained and from_config pick; the kernels round the same way):
+  - the gate_up projection's output in the model dtype, silu(gate) rounded to it, then the
+    product silu(gate) * up rounded to it (torch's bf16 ops);
+  - the down projection's output in the model dtype, times the routing weight cast to the model
+    dtype, the product rounded to it: one term per (token, expert);
+  - a token's k terms summed in fp32 (torch.sum over k of a bf16 [T, k, H] accumulates in fp32)
+    and rounded once to the model dtype.
+HF's "eager" experts loop (used where no implementation is set, e.g. a Qwen3MoeExperts module
+built on its own) instead adds each expert's bf16 term into a bf16 sum with index_add_, in
+ascending expert order, rounding after every add; in fp32 the two agree to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def route(
+    router_logits: torch.Tensor,  # [T, E], any float dtype
+    top_k: int,
+    renormalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [T, top_k] fp32 weights, [T, top_k] int32 expert ids
+    check_route_args(router_logits, top_k)
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
+    # a stable descending sort: equal probabilities keep the lower expert first
+    weights, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, ids = weights[:, :top_k], ids[:, :top_k]  # [T, top_k]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def fused_moe(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2 * I, H]: per expert, gate_proj's rows then up_proj's
+    w2: torch.Tensor,  # [E, H, I]: down_proj
+    topk_weights: torch.Tensor,  # [T, k] fp32
+    topk_ids: torch.Tensor,  # [T, k] int, the k experts of each token (distinct within a row)
+) -> torch.Tensor:  # [T, H] in x's dtype
+    check_moe_args(x, w13, w2, topk_weights, topk_ids)
+    T, H = x.shape
+    terms = x.new_zeros(T, topk_ids.shape[1], H)  # [T, k, H]: each routed expert's weighted output
+    weights = topk_weights.to(x.dtype)  # as HF's router returns them
+    for expert in topk_ids.unique().tolist():
+        token, slot = torch.where(topk_ids == expert)  # the (token, slot) pairs routed to it
+        gate, up = F.linear(x[token], w13[expert]).chunk(2, dim=-1)
+        out = F.linear(F.silu(gate) * up, w2[expert])  # [n, H]
+        terms[token, slot] = out * weights[token, slot, None]
+    return terms.sum(dim=1)
+
+
+def check_route_args(router_logits: torch.Tensor, top_k: int) -> None:
+    if router_logits.dim() != 2 or not router_logits.is_floating_point():
+        raise ValueError(f"router_logits must be a float [T, E] tensor, got {router_logits.dtype} "
+                         f"{tuple(router_logits.shape)}")
+    if not 1 <= top_k <= router_logits.shape[1]:
+        raise ValueError(f"top_k must be in 1..{router_logits.shape[1]} (the experts), got {top_k}")
+
+
+def check_moe_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                   topk_ids: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
+    T, H = x.shape
+    if w13.dim() != 3 or w13.shape[2] != H or w13.shape[1] % 2:
+        raise ValueError(f"w13 must be [E, 2 * I, {H}], got {tuple(w13.shape)}")
+    E, I = w13.shape[0], w13.shape[1] // 2
+    if tuple(w2.shape) != (E, H, I):
+        raise ValueError(f"w2 must be [{E}, {H}, {I}] to match w13 {tuple(w13.shape)}, got {tuple(w2.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != T or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be an int32 or int64 [{T}, k] tensor, got {topk_ids.dtype} "
+                         f"{tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights must be a float {tuple(topk_ids.shape)} tensor like topk_ids, got "
+                         f"{topk_weights.dtype} {tuple(topk_weights.shape)}")
+    if not x.dtype == w13.dtype == w2.dtype:
+        raise ValueError(f"x, w13 and w2 must share a dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")

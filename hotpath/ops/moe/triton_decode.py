@@ -1,0 +1,294 @@
+"""Fused MoE for few tokens (decode at batch 1 to FEW_TOKENS): two launches that read only the
+routed experts' weights, each distinct expert's once, streamed as the dense GEMV streams a
+weight (hotpath.ops.linear.triton_gemv).
+
+At a few tokens an expert's projection is a weight read with a few rows of x, so the kernels are
+streams over the routed experts' weights, spread over many programs:
+
+- the grid is (pair p, N tile): pair p = t * k + j is token t's j-th expert. The program of the
+  first pair routed to an expert (the lowest p with that expert) does that expert's N tile for
+  every token routed to it; the programs of later pairs to the same expert exit at once. So each
+  distinct expert is read once however many tokens share it (at batch 16 with 8 of 128 experts,
+  about 82 distinct experts for 128 pairs; at batch 1 every pair's expert is distinct), with no
+  sort or align launch before: a program finds which tokens share its expert from the
+  T * k expert ids (a few hundred bytes, from L2);
+- a program owns BLOCK_N weight rows and walks K in [BLOCK_N, BLOCK_K] tiles loaded along K, the
+  weight's contiguous axis, accumulating in fp32. With one token the tiles are multiplied by x
+  element-wise and summed along K (no tensor cores, as the GEMV does at one row); with more,
+  the tokens' rows are padded to a 16-row tile (a dot's least) and tensor cores sum them, the
+  rows of tokens not routed to the expert masked out;
+- gate_up: the program's rows are pairs (gate row f, up row f), so it forms silu(gate) * up
+  itself and stores each routed token's row of the intermediate [T * k, I] (a row per pair);
+- down: the program stores each routed token's rounded, weighted term (as the reference rounds
+  it) into a [T * k, H] buffer, then bumps a counter per (token, N tile); the program that
+  brings a token's counter to k (the last of its k experts to finish that tile) adds the token's
+  k terms in expert-slot order, in fp32, stores the output tile and sets the counter back to
+  zero. One launch, no separate reduction, and the same sum whatever order the programs run in:
+  bitwise reproducible. The counters are shared by every call on a device, so calls must not run
+  concurrently on two streams.
+There are k * cdiv(N, BLOCK_N) programs at batch 1 (8 * 192 for Qwen3-30B-A3B's gate_up in
+8-row tiles), several per SM on any Qwen MoE shape, so K is never split: a split would also sum
+a term before it is complete, where the reference rounds each term whole.
+
+No host sync and no data-dependent shape, so both launches can be captured in a CUDA graph.
+Tile sizes come from hotpath.ops.moe.tuning (tuned JSON files, else a fixed rule).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotpath.ops.moe import tuning
+from hotpath.ops.moe.triton_common import silu_and_mul_rounded, weighted_term
+from hotpath.ops.moe.triton_grouped import check_kernel_args
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    zeroed_counters,
+)
+
+# the most tokens the decode kernels take: every token's row fits one 16-row dot tile
+MAX_TOKENS = 16
+# one counter per (token, N tile) of the down projection
+MAX_COUNTERS = 1 << 16
+
+
+@triton.jit
+def _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Pair p's expert, whether p is the first pair routed to it, and for each token t (a
+    [BLOCK_T] vector): whether it is routed to that expert, and through which pair."""
+    expert = tl.load(ids_ptr + p)
+    rt = tl.arange(0, BLOCK_T)
+    rj = tl.arange(0, BLOCK_J)
+    q = rt[:, None] * top_k + rj[None, :]  # [BLOCK_T, BLOCK_J] pair numbers
+    ids = tl.load(ids_ptr + q, mask=(rt < T)[:, None] & (rj < top_k)[None, :], other=-1)
+    match = ids == expert
+    first = tl.min(tl.min(tl.where(match, q, T * top_k), axis=1), axis=0)
+    hit = tl.max(match.to(tl.int32), axis=1) > 0
+    pair = tl.sum(tl.where(match, q, 0), axis=1)  # a token's experts are distinct: one match
+    return expert.to(tl.int64), first == p, hit, pair
+
+
+@triton.jit
+def _rows_times_tokens(w_rows, x_rows, x_ok, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                       EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """[BLOCK_N, BLOCK_T] fp32: the weight rows at w_rows ([BLOCK_N, 1] pointers) times the token
+    rows at x_rows ([BLOCK_T, 1] pointers; those where x_ok is false read as 0), over K."""
+    rk = tl.arange(0, BLOCK_K)
+    if BLOCK_T == 1:
+        acc = tl.zeros([w_rows.shape[0]], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            if EVEN_K:
+                w = tl.load(w_rows + kk[None, :])
+                x = tl.load(x_rows + kk[None, :])
+            else:
+                w = tl.load(w_rows + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+                x = tl.load(x_rows + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)
+        return acc[:, None]
+    acc = tl.zeros([w_rows.shape[0], BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :])
+            x = tl.load(x_rows + kk[None, :], mask=x_ok[:, None], other=0.0)
+        else:
+            w = tl.load(w_rows + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=x_ok[:, None] & (kk < K)[None, :], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit(do_not_specialize=["T"])
+def _decode_gate_up_kernel(
+    x_ptr,  # [T, H]
+    w_ptr,  # [E, 2 * I, H], H contiguous: gate rows then up rows
+    ids_ptr,  # [T * top_k] int32
+    out_ptr,  # [T * top_k, I]: silu(gate) * up of each pair
+    T,
+    I,
+    H,
+    top_k,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_ot,
+    EVEN_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
+    p = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert, first, hit, pair = _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T, BLOCK_J)
+    if not first:
+        return
+    # rows in pairs: row 2f is gate row f, row 2f + 1 up row f (past I: row I - 1, not stored)
+    rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_row = tl.minimum(rv // 2, I - 1) + (rv % 2) * I
+    w_rows = w_ptr + expert * stride_we + w_row.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + tl.arange(0, BLOCK_T).to(tl.int64)[:, None] * stride_xt
+    acc = _rows_times_tokens(w_rows, x_rows, hit, H, BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_T)), (0, 2, 1)))
+    h = silu_and_mul_rounded(gate, up, out_ptr.dtype.element_ty)  # [BLOCK_N // 2, BLOCK_T]
+    rf = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(out_ptr + pair.to(tl.int64)[None, :] * stride_ot + rf[:, None], h,
+             mask=(rf < I)[:, None] & hit[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])
+def _decode_down_kernel(
+    h_ptr,  # [T * top_k, I]: the gate_up kernel's output
+    w_ptr,  # [E, H, I], I contiguous
+    ids_ptr,  # [T * top_k] int32
+    weights_ptr,  # [T * top_k] fp32
+    terms_ptr,  # [T * top_k, H]: each pair's weighted output, rounded as the reference's
+    counter_ptr,  # [T * n_tiles] int32, zero between calls
+    out_ptr,  # [T, H]
+    T,
+    H,
+    I,
+    top_k,
+    stride_ht,
+    stride_we,
+    stride_wn,
+    stride_tt,
+    stride_ot,
+    EVEN_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
+    p = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert, first, hit, pair = _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T, BLOCK_J)
+    if not first:
+        return
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = w_ptr + expert * stride_we + tl.minimum(rn, H - 1).to(tl.int64)[:, None] * stride_wn
+    h_rows = h_ptr + pair.to(tl.int64)[:, None] * stride_ht
+    acc = _rows_times_tokens(w_rows, h_rows, hit, I, BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
+    weight = tl.load(weights_ptr + pair, mask=hit, other=0.0)
+    dtype = terms_ptr.dtype.element_ty
+    term = weighted_term(acc, weight[None, :], dtype)  # [BLOCK_N, BLOCK_T]
+    n_ok = (rn < H)[:, None]
+    tl.store(terms_ptr + pair.to(tl.int64)[None, :] * stride_tt + rn[:, None], term.to(dtype),
+             mask=n_ok & hit[None, :])
+    # every thread's terms are stored before the (acq_rel) counters publish them
+    tl.debug_barrier()
+    rt = tl.arange(0, BLOCK_T)
+    counters = counter_ptr + rt * tl.num_programs(1) + pid_n
+    arrived = tl.atomic_add(counters, 1, mask=hit, sem="acq_rel", scope="gpu")
+    last = hit & (arrived == top_k - 1)  # [BLOCK_T]: tokens whose k terms of this tile are all in
+    if tl.max(last.to(tl.int32), axis=0) > 0:
+        total = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+        for j in range(top_k):
+            rows = (rt * top_k + j).to(tl.int64)
+            # .cg: from L2, where the other programs' stores are, not from this SM's L1
+            total += tl.load(terms_ptr + rows[None, :] * stride_tt + rn[:, None],
+                             mask=n_ok & last[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + rt.to(tl.int64)[None, :] * stride_ot + rn[:, None],
+                 total.to(out_ptr.dtype.element_ty), mask=n_ok & last[None, :])
+        tl.store(counters, 0, mask=last)
+
+
+def fused_moe(
+    x: torch.Tensor,  # [T, H], T <= MAX_TOKENS
+    w13: torch.Tensor,  # [E, 2 * I, H]
+    w2: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [T, k] fp32
+    topk_ids: torch.Tensor,  # [T, k] int32, distinct within a row
+    gate_up_config: tuning.DecodeConfig | None = None,
+    down_config: tuning.DecodeConfig | None = None,
+) -> torch.Tensor:  # [T, H] in x's dtype
+    """See the module docstring; the configs override the tuned / default ones (the tuner and
+    tests sweep them)."""
+    check_kernel_args(x, w13, w2, topk_weights, topk_ids)
+    T, H = x.shape
+    E, I = w13.shape[0], w2.shape[2]
+    if T > MAX_TOKENS:
+        raise ValueError(f"the decode kernels take at most {MAX_TOKENS} tokens, got {T}")
+    if T == 0:
+        return torch.zeros_like(x)
+    ids = topk_ids.to(torch.int32).contiguous().view(-1)  # [T * k]
+    weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [T * k]
+    top_k = topk_ids.shape[1]
+    h = gate_up(x, w13, ids, top_k, gate_up_config or tuning.decode_config(T, E, 2 * I, H, x.dtype, x.device))
+    return down(h, w2, ids, weights, top_k, down_config or tuning.decode_config(T, E, H, I, x.dtype, x.device))
+
+
+def gate_up(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2 * I, H]
+    ids: torch.Tensor,  # [T * k] int32
+    top_k: int,
+    cfg: tuning.DecodeConfig,
+) -> torch.Tensor:  # [T * k, I]: silu(gate) * up of each (token, expert) pair
+    T, H = x.shape
+    I = w13.shape[1] // 2
+    out = torch.empty((T * top_k, I), dtype=x.dtype, device=x.device)
+    _decode_gate_up_kernel[(T * top_k, triton.cdiv(2 * I, cfg.block_n))](
+        x, w13, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
+        **_launch_options(T, top_k, H, cfg, x),
+    )
+    return out
+
+
+def down(
+    h: torch.Tensor,  # [T * k, I], from gate_up
+    w2: torch.Tensor,  # [E, H, I]
+    ids: torch.Tensor,  # [T * k] int32
+    weights: torch.Tensor,  # [T * k] fp32
+    top_k: int,
+    cfg: tuning.DecodeConfig,
+) -> torch.Tensor:  # [T, H]: each token's weighted sum over its experts
+    T, I = h.shape[0] // top_k, h.shape[1]
+    H = w2.shape[1]
+    n_tiles = triton.cdiv(H, cfg.block_n)
+    if T * n_tiles > MAX_COUNTERS:
+        raise ValueError(f"the down kernel keeps at most {MAX_COUNTERS} (token, N tile) counters; "
+                         f"{T} tokens x {n_tiles} tiles need more")
+    terms = torch.empty((T * top_k, H), dtype=h.dtype, device=h.device)  # [T * k, H]
+    out = torch.empty((T, H), dtype=h.dtype, device=h.device)
+    _decode_down_kernel[(T * top_k, n_tiles)](
+        h, w2, ids, weights, terms, zeroed_counters("moe decode down", MAX_COUNTERS, h.device), out,
+        T, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), terms.stride(0), out.stride(0),
+        **_launch_options(T, top_k, I, cfg, h),
+    )
+    return out
+
+
+def _launch_options(T: int, top_k: int, K: int, cfg: tuning.DecodeConfig, x: torch.Tensor) -> dict:
+    """The constexprs and launch options both kernels take, for T tokens and a K-long weight."""
+    block_t = 1 if T == 1 else MAX_TOKENS
+    if cfg.block_n % 2 or (block_t > 1 and cfg.block_n < 16):
+        raise ValueError(f"block_n must be even (gate_up pairs its rows), and at least 16 for more "
+                         f"than one token (a dot's least), got {cfg.block_n}")
+    use_pdl = pdl_enabled(x.device)
+    return dict(
+        EVEN_K=K % cfg.block_k == 0,
+        USE_PDL=use_pdl,
+        BLOCK_T=block_t,
+        BLOCK_J=triton.next_power_of_2(top_k),
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl_launch(use_pdl),
+    )

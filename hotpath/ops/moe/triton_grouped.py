@@ -1,0 +1,336 @@
+"""Fused MoE for many tokens (prefill, large batches): the (token, expert) pairs sorted by
+expert, then one grouped GEMM launch per projection.
+
+1. Align (two small launches, `align_by_expert`). The T * k pairs, numbered p = t * k + j (token
+   t's j-th expert), are laid out by expert in `sorted_pairs`, each expert's span padded to a
+   multiple of BLOCK_M with the sentinel T * k, so that every BLOCK_M tile of it belongs to one
+   expert (`block_expert`). The count kernel adds each program's histogram of expert ids into
+   per-expert counts; its last program to finish (an atomic arrival counter says which) turns
+   them into padded spans, writes `num_padded` (where the used rows end) and sets the counts back
+   to zero. The place kernel gives each pair the next free row of its expert's span (an atomic
+   cursor per expert: the order of pairs within an expert varies from run to run, and nothing
+   depends on it), and fills the padding rows and the tiles' experts. Buffer sizes are static
+   upper bounds of T, k and E (the spans end by T * k + min(E, T * k) * (BLOCK_M - 1)): no host
+   sync, no data-dependent shape, so the whole op can be captured in a CUDA graph. Tiles past
+   num_padded exit at once.
+2. gate_up: a program computes a [BLOCK_M, BLOCK_N] tile of one expert's rows: x's rows of the
+   tile's pairs (gathered by token) times the expert's weight rows, the gate and up rows of each
+   output interleaved in the tile, so that silu(gate) * up is formed in the epilogue and stored
+   per pair into the intermediate [T * k, I].
+3. down: the same GEMM over the intermediate's rows; the epilogue rounds each row as the
+   reference does, multiplies it by the pair's routing weight and adds it with fp32 atomics into
+   a [T, H] fp32 accumulator, which is the top-k sum (then one cast to the model dtype, unless
+   that is fp32). The atomics make the sum's order, and so its last fp32 bit, vary from run to
+   run (rarely the rounded bf16 value): the result is not bitwise reproducible, unlike the
+   decode path's.
+Tile sizes come from hotpath.ops.moe.tuning (tuned JSON files, else a fixed rule).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hotpath.ops.moe import tuning
+from hotpath.ops.moe.reference import check_moe_args
+from hotpath.ops.moe.triton_common import silu_and_mul_rounded, weighted_term
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    tl_dtype,
+    zeroed_counters,
+)
+
+# pairs a program of the align kernels takes, and tiles a place program labels
+ALIGN_BLOCK = 1024
+ALIGN_TILES = 32
+# the align kernels' per-expert counts live in one zeroed buffer per device
+MAX_EXPERTS = 1024
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def _align_count_kernel(
+    ids_ptr,  # [num_pairs] expert of each pair
+    counts_ptr,  # [>= E] int32, zero between calls
+    arrived_ptr,  # [1] int32, zero between calls
+    span_end_ptr,  # [E] int32 out: where each expert's padded span ends
+    fill_end_ptr,  # [E] int32 out: where its pairs end (padding from there to span_end)
+    cursor_ptr,  # [E] int32 out: where its span starts (the place kernel's cursors)
+    num_padded_ptr,  # [1] int32 out: the spans' total
+    num_pairs,
+    E,
+    BLOCK_M: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
+    rp = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + rp, mask=rp < num_pairs, other=0)
+    hist = tl.histogram(ids, BLOCK_E, mask=rp < num_pairs)
+    re = tl.arange(0, BLOCK_E)
+    tl.atomic_add(counts_ptr + re, hist, mask=(re < E) & (hist > 0), sem="relaxed")
+    # every thread's adds are issued before the (acq_rel) arrival publishes them
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrived_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:
+        counts = tl.atomic_xchg(counts_ptr + re, 0, mask=re < E)  # read, and leave zero
+        counts = tl.where(re < E, counts, 0)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        span_end = tl.cumsum(padded, axis=0)
+        start = span_end - padded
+        tl.store(span_end_ptr + re, span_end, mask=re < E)
+        tl.store(fill_end_ptr + re, start + counts, mask=re < E)
+        tl.store(cursor_ptr + re, start, mask=re < E)
+        tl.store(num_padded_ptr, tl.sum(padded, axis=0))
+        tl.store(arrived_ptr, 0)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_tiles"])
+def _align_place_kernel(
+    ids_ptr,  # [num_pairs]
+    span_end_ptr,  # [E], from the count kernel
+    fill_end_ptr,  # [E]
+    cursor_ptr,  # [E], advanced here
+    sorted_pairs_ptr,  # [num_tiles * BLOCK_M] int32 out
+    block_expert_ptr,  # [num_tiles] int32 out
+    num_pairs,
+    num_tiles,
+    E,
+    BLOCK_M: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILES: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
+    pid = tl.program_id(0)
+    # this program's pairs, each into the next free row of its expert's span
+    rp = pid * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + rp, mask=rp < num_pairs, other=0)
+    row = tl.atomic_add(cursor_ptr + ids, 1, mask=rp < num_pairs, sem="relaxed")
+    tl.store(sorted_pairs_ptr + row, rp, mask=rp < num_pairs)
+    # this program's tiles: each one's expert (the spans ending at or before its first row; E
+    # past the used rows), and the sentinel in its padding rows
+    rb = pid * TILES + tl.arange(0, TILES)
+    re = tl.arange(0, BLOCK_E)
+    span_end = tl.load(span_end_ptr + re, mask=re < E, other=2147483647)
+    expert = tl.sum((span_end[None, :] <= (rb * BLOCK_M)[:, None]).to(tl.int32), axis=1)  # [TILES]
+    tl.store(block_expert_ptr + rb, expert, mask=rb < num_tiles)
+    used = (rb < num_tiles) & (expert < E)
+    fill_end = tl.load(fill_end_ptr + expert, mask=used, other=0)
+    rows = rb[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]  # [TILES, BLOCK_M]
+    tl.store(sorted_pairs_ptr + rows, num_pairs, mask=used[:, None] & (rows >= fill_end[:, None]))
+
+
+def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """The most BLOCK_M tiles the padded spans can take: each expert a pair is routed to pads at
+    most BLOCK_M - 1 rows."""
+    return triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m)
+
+
+def align_by_expert(
+    topk_ids: torch.Tensor,  # [T, k] int32
+    num_experts: int,
+    block_m: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs p = t * k + j laid out by expert, padded per expert to multiples of block_m:
+    (sorted_pairs [max_tiles * block_m] int32, the pair of each row or T * k in padding, valid
+    up to num_padded; block_expert [max_tiles] int32, each tile's expert, E past num_padded;
+    num_padded [1] int32)."""
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"the align kernels take at most {MAX_EXPERTS} experts, got {num_experts}")
+    device = topk_ids.device
+    ids = topk_ids.reshape(-1)  # [P]
+    num_pairs = ids.numel()
+    num_tiles = max_tiles(num_pairs, num_experts, block_m)
+    sorted_pairs = torch.empty(num_tiles * block_m, dtype=torch.int32, device=device)
+    block_expert = torch.empty(num_tiles, dtype=torch.int32, device=device)
+    spans = torch.empty((3, num_experts), dtype=torch.int32, device=device)  # span_end, fill_end, cursor
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    use_pdl = pdl_enabled(device)
+    block_e = triton.next_power_of_2(num_experts)
+    _align_count_kernel[(triton.cdiv(num_pairs, ALIGN_BLOCK),)](
+        ids, zeroed_counters("moe align counts", MAX_EXPERTS, device),
+        zeroed_counters("moe align arrivals", 1, device), spans[0], spans[1], spans[2], num_padded,
+        num_pairs, num_experts,
+        BLOCK_M=block_m, BLOCK=ALIGN_BLOCK, BLOCK_E=block_e, USE_PDL=use_pdl, num_warps=4,
+        **pdl_launch(use_pdl),
+    )
+    grid = max(triton.cdiv(num_pairs, ALIGN_BLOCK), triton.cdiv(num_tiles, ALIGN_TILES))
+    _align_place_kernel[(grid,)](
+        ids, spans[0], spans[1], spans[2], sorted_pairs, block_expert, num_pairs, num_tiles,
+        num_experts,
+        BLOCK_M=block_m, BLOCK=ALIGN_BLOCK, TILES=ALIGN_TILES, BLOCK_E=block_e, USE_PDL=use_pdl,
+        num_warps=4, **pdl_launch(use_pdl),
+    )
+    return sorted_pairs, block_expert, num_padded
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_tiles"])
+def _grouped_gemm_kernel(
+    a_ptr,  # GATED: x [T, K]; else the intermediate [num_pairs, K]
+    w_ptr,  # [E, N, K], K contiguous (GATED: N = 2 * I, gate rows then up rows)
+    out_ptr,  # GATED: the intermediate [num_pairs, N / 2]; else the fp32 accumulator [T, N]
+    weights_ptr,  # [num_pairs] fp32 routing weights (not GATED)
+    sorted_pairs_ptr,  # [num_tiles * BLOCK_M] int32
+    block_expert_ptr,  # [num_tiles] int32
+    num_padded_ptr,  # [1] int32
+    num_pairs,
+    num_tiles,
+    N,
+    K,
+    top_k,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    GATED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
+    # GROUP_M M tiles in a row take the same N tiles (an expert's weight tiles reused in L2)
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_n
+    first_m = pid // in_group * GROUP_M
+    group_size = tl.minimum(num_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BLOCK_M]
+    valid = pairs < num_pairs
+    if GATED:
+        a_rows = pairs // top_k  # x's row: the pair's token
+    else:
+        a_rows = pairs
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:
+        # column c of the tile: gate row c // 2 if c is even, else the matching up row
+        half = N // 2
+        w_row = tl.minimum(rn // 2, half - 1) + (rn % 2) * half
+    else:
+        w_row = tl.minimum(rn, N - 1)  # past N: a real row, never stored
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + rk[None, :]
+    w_ptrs = w_ptr + expert * stride_we + w_row.to(tl.int64)[None, :] * stride_wn + rk[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = k0 + rk < K
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    dtype = a_ptr.dtype.element_ty
+    if GATED:
+        gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        h = silu_and_mul_rounded(gate, up, dtype)  # [BLOCK_M, BLOCK_N // 2]
+        rf = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + pairs.to(tl.int64)[:, None] * stride_om + rf[None, :], h,
+                 mask=valid[:, None] & (rf < N // 2)[None, :])
+    else:
+        weight = tl.load(weights_ptr + pairs, mask=valid, other=0.0)
+        term = weighted_term(acc, weight[:, None], dtype)
+        tokens = (pairs // top_k).to(tl.int64)
+        tl.atomic_add(out_ptr + tokens[:, None] * stride_om + rn[None, :], term,
+                      mask=valid[:, None] & (rn < N)[None, :], sem="relaxed")
+
+
+def grouped_gemm(
+    a: torch.Tensor,  # gated: x [T, K]; else the intermediate [T * k, K]
+    w: torch.Tensor,  # [E, N, K]
+    out: torch.Tensor,  # gated: the intermediate [T * k, N / 2]; else a zeroed fp32 [T, N]
+    weights: torch.Tensor,  # [T * k] fp32 routing weights (used when not gated)
+    aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # align_by_expert(.., cfg.block_m)
+    num_pairs: int,
+    top_k: int,
+    gated: bool,
+    cfg: tuning.GroupedConfig,
+) -> None:
+    """One grouped GEMM launch: gate_up with silu-and-mul (gated), or down with the weighted
+    top-k sum added into `out`."""
+    if gated and cfg.block_n % 2:
+        raise ValueError(f"gate_up tiles hold gate and up rows in pairs: block_n must be even, got {cfg.block_n}")
+    sorted_pairs, block_expert, num_padded = aligned
+    N, K = w.shape[1], w.shape[2]
+    num_tiles = block_expert.numel()
+    use_pdl = pdl_enabled(a.device)
+    grid = (num_tiles * triton.cdiv(N, cfg.block_n),)
+    _grouped_gemm_kernel[grid](
+        a, w, out, weights, sorted_pairs, block_expert, num_padded, num_pairs, num_tiles, N, K,
+        top_k, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        GATED=gated,
+        EVEN_K=K % cfg.block_k == 0,
+        USE_PDL=use_pdl,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl_launch(use_pdl),
+    )
+
+
+def fused_moe(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2 * I, H]
+    w2: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [T, k] fp32
+    topk_ids: torch.Tensor,  # [T, k] int32, distinct within a row
+    gate_up_config: tuning.GroupedConfig | None = None,
+    down_config: tuning.GroupedConfig | None = None,
+) -> torch.Tensor:  # [T, H] in x's dtype
+    """See the module docstring; the configs override the tuned / default ones (the tuner and
+    tests sweep them)."""
+    check_kernel_args(x, w13, w2, topk_weights, topk_ids)
+    T, H = x.shape
+    E, I = w13.shape[0], w2.shape[2]
+    top_k = topk_ids.shape[1]
+    num_pairs = T * top_k
+    if T == 0:
+        return torch.zeros_like(x)
+    ids = topk_ids.to(torch.int32).contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    gate_up_config = gate_up_config or tuning.grouped_config(T, top_k, E, 2 * I, H, x.dtype, x.device)
+    down_config = down_config or tuning.grouped_config(T, top_k, E, H, I, x.dtype, x.device)
+    aligned = align_by_expert(ids, E, gate_up_config.block_m)
+    if down_config.block_m != gate_up_config.block_m:
+        down_aligned = align_by_expert(ids, E, down_config.block_m)
+    else:
+        down_aligned = aligned
+    intermediate = torch.empty((num_pairs, I), dtype=x.dtype, device=x.device)  # [T * k, I]
+    grouped_gemm(x, w13, intermediate, weights, aligned, num_pairs, top_k, True, gate_up_config)
+    acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)  # the top-k sum
+    grouped_gemm(intermediate, w2, acc, weights, down_aligned, num_pairs, top_k, False, down_config)
+    return acc if x.dtype == torch.float32 else acc.to(x.dtype)
+
+
+def check_kernel_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor) -> None:
+    """The reference's checks, plus what the kernels need: a float dtype they take and rows
+    contiguous along their last dimension."""
+    check_moe_args(x, w13, w2, topk_weights, topk_ids)
+    tl_dtype(x.dtype)  # raises for a dtype the kernels do not take
+    if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("x and the expert weights must be contiguous along their last dimension")
