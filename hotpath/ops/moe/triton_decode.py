@@ -9,7 +9,7 @@ streams over the routed experts' weights, spread over many programs:
   first pair routed to an expert (the lowest p with that expert) does that expert's N tile for
   every token routed to it; the programs of later pairs to the same expert exit at once. So each
   distinct expert is read once however many tokens share it (at batch 16 with 8 of 128 experts,
-  about 82 distinct experts for 128 pairs; at batch 1 every pair's expert is distinct), with no
+  about 82 distinct experts for 128 pairs under uniform routing; at batch 1 every pair's expert is distinct), with no
   sort or align launch before: a program finds which tokens share its expert from the
   T * k expert ids (a few hundred bytes, from L2);
 - a program owns BLOCK_N weight rows and walks K in [BLOCK_N, BLOCK_K] tiles loaded along K, the
@@ -30,6 +30,8 @@ There are k * cdiv(N, BLOCK_N) programs at batch 1 (8 * 192 for Qwen3-30B-A3B's 
 8-row tiles), several per SM on any Qwen MoE shape, so K is never split: a split would also sum
 a term before it is complete, where the reference rounds each term whole.
 
+With PDL (ops/triton_utils.py) a kernel starts as the previous one drains, but waits for it
+before any load: which weights to read depends on the expert ids the routing kernel writes.
 No host sync and no data-dependent shape, so both launches can be captured in a CUDA graph.
 Tile sizes come from hotpath.ops.moe.tuning (tuned JSON files, else a fixed rule).
 """
@@ -284,7 +286,8 @@ def _launch_options(T: int, top_k: int, K: int, cfg: tuning.DecodeConfig, x: tor
         EVEN_K=K % cfg.block_k == 0,
         USE_PDL=use_pdl,
         BLOCK_T=block_t,
-        BLOCK_J=triton.next_power_of_2(top_k),
+        # at least 4: Triton 3.6 on the H200 once summed a size-2 axis wrongly (docs/benchmarks.md)
+        BLOCK_J=max(4, triton.next_power_of_2(top_k)),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,

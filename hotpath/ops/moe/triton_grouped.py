@@ -12,7 +12,8 @@ expert, then one grouped GEMM launch per projection.
    depends on it), and fills the padding rows and the tiles' experts. Buffer sizes are static
    upper bounds of T, k and E (the spans end by T * k + min(E, T * k) * (BLOCK_M - 1)): no host
    sync, no data-dependent shape, so the whole op can be captured in a CUDA graph. Tiles past
-   num_padded exit at once.
+   num_padded exit at once. The counts and arrival counter are shared by every call on a
+   device, so calls must not run concurrently on two streams.
 2. gate_up: a program computes a [BLOCK_M, BLOCK_N] tile of one expert's rows: x's rows of the
    tile's pairs (gathered by token) times the expert's weight rows, the gate and up rows of each
    output interleaved in the tile, so that silu(gate) * up is formed in the epilogue and stored
