@@ -145,3 +145,40 @@ def test_the_pipe_stays_blocking_on_every_loop(tiny_chat_model, loop):
     finally:
         client.shutdown()
         event_loop.close()
+
+
+def test_many_requests_at_once_do_not_deadlock_the_pipe(tiny_chat_model):
+    """2,000 ShareGPT requests at once through the server never finished on an H200: the event loop
+    sat in a blocking send of ADD messages while the engine, between reads, sat in a blocking send
+    of STEP messages the loop was not reading. Here more ADD bytes than the socket buffer holds
+    arrive while the engine is stepping and streaming many outputs; all must come back."""
+    import asyncio
+
+    from hotpath.engine.args import EngineArgs
+    from hotpath.engine.engine_client import EngineClient
+    from hotpath.sampling_params import SamplingParams
+
+    client = EngineClient.launch(EngineArgs(model=str(tiny_chat_model), device="cpu"))
+    # logprobs make each STEP message large, as a GPU's batch of 256 streams makes it
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=20)
+    n = 3000
+
+    async def flood() -> list[int]:
+        client.start()
+
+        async def one(i: int) -> int:
+            prompt = {"prompt_token_ids": [(5 + i + j) % 400 + 5 for j in range(400)]}
+            stream = await client.add_request(f"r{i}", prompt, params)
+            final = None
+            async for out in stream:
+                final = out
+            return len(final.outputs[0].token_ids)
+
+        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), timeout=120)
+
+    event_loop = asyncio.new_event_loop()
+    try:
+        assert event_loop.run_until_complete(flood()) == [8] * n
+    finally:
+        client.shutdown()
+        event_loop.close()
