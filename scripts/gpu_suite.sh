@@ -31,16 +31,16 @@ if [[ $what == *" prefill "* || $what == *" all "* ]]; then
 fi
 if [[ $what == *" timeline "* || $what == *" all "* ]]; then
   # what each kernel of the batch-1 decode graph adds to the step, and the kernels' registers
-  python3 scripts/decode_timeline.py --preset qwen3-0.6b --out "$OUT" | tail -12
-  python3 scripts/decode_timeline.py --preset qwen3-8b --out "$OUT" | tail -12
-  python3 scripts/kernel_registers.py | tee "$OUT/kernel_registers.json"
+  python3 benchmarks/decode_timeline.py --preset qwen3-0.6b --out "$OUT" | tail -12
+  python3 benchmarks/decode_timeline.py --preset qwen3-8b --out "$OUT" | tail -12
+  python3 benchmarks/kernel_registers.py | tee "$OUT/kernel_registers.json"
   # attention's cost in the step: the graph without it, and with a kernel that only waits
-  python3 scripts/decode_variants.py --preset qwen3-0.6b --variants full,none,copy --out "$OUT" | tail -3
-  python3 scripts/decode_variants.py --preset qwen3-8b --variants full,none,copy --out "$OUT" | tail -3
+  python3 benchmarks/decode_variants.py --preset qwen3-0.6b --variants full,none,copy --out "$OUT" | tail -3
+  python3 benchmarks/decode_variants.py --preset qwen3-8b --variants full,none,copy --out "$OUT" | tail -3
 fi
 if [[ $what == *" profile "* ]]; then
-  python3 scripts/profile_decode.py --preset qwen3-0.6b --out "$OUT" | tail -30
-  python3 scripts/profile_decode.py --preset qwen3-8b --out "$OUT" | head -3
+  python3 benchmarks/profile_decode.py --preset qwen3-0.6b --out "$OUT" | tail -30
+  python3 benchmarks/profile_decode.py --preset qwen3-8b --out "$OUT" | head -3
   # the bench's TPOT against its graph's replay, with the sampled tokens mapped or copied back
   python3 scripts/step_overhead.py --preset qwen3-0.6b --out "$OUT" | tail -2
 fi

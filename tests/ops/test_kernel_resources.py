@@ -1,5 +1,5 @@
 """Registers of the batch-1 decode kernels at Qwen3-8B shapes, compiled for the H200 (sm_90) on
-the CPU by scripts/kernel_registers.py (Triton's ptxas; a process of its own, since this test
+the CPU by benchmarks/kernel_registers.py (Triton's ptxas; a process of its own, since this test
 session interprets the kernels). Registers decide how many programs fit on an SM: holding a KV
 tile across PDL's wait once took decode attention from 96 registers to 237 and batch-64 decode
 from 5 programs per SM to 2, a regression no CPU test saw."""
@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Triton's ptxas is Linux-only")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_registers.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_registers.py"
 
 
 @pytest.fixture(scope="module")

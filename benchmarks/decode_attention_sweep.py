@@ -1,6 +1,6 @@
 """Decode attention at large batch (Qwen3-8B heads): achieved K/V bandwidth of the default
 configuration against forced splits and tile configurations, calls captured back to back in a CUDA
-graph on caches that together exceed L2. Usage: python scripts/decode_attention_sweep.py
+graph on caches that together exceed L2. Usage: python benchmarks/decode_attention_sweep.py
 [--batch 256] [--ctx 900] [--out DIR]"""
 
 import argparse

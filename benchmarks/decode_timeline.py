@@ -3,7 +3,7 @@ replays (PDL overlaps included): each kernel's own duration, and the time it add
 the kernel before it. Kernels run one after the other apart from PDL's overlap, so the second
 figure sums to the replay time, and what a kernel adds beyond moving its bytes is its overhead.
 
-    python scripts/decode_timeline.py --preset qwen3-0.6b --out DIR
+    python benchmarks/decode_timeline.py --preset qwen3-0.6b --out DIR
 """
 
 import argparse
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
+from profile_decode import decoding_engine  # benchmarks/ is on the path when run as a script
 
 
 def label_kernels(names: list[str]) -> list[str]:

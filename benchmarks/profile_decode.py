@@ -1,7 +1,7 @@
 """Where a batch-1 decode step's time goes on the GPU: graph replay alone vs the engine's step,
 a cProfile of the engine loop, and the per-kernel GPU time of one eager forward.
 
-    python scripts/profile_decode.py --preset qwen3-8b --out DIR
+    python benchmarks/profile_decode.py --preset qwen3-8b --out DIR
 """
 
 import argparse

@@ -6,7 +6,7 @@ step times compare within one run (between runs the same code varies by 2-4%). W
 costs in the chain of a step (its wait, its tail, its neighbours' overlap) is not what it costs
 back to back with itself, which is what the kernel benchmarks time.
 
-    python scripts/decode_variants.py --preset qwen3-0.6b --variants full,none,copy --out DIR
+    python benchmarks/decode_variants.py --preset qwen3-0.6b --variants full,none,copy --out DIR
 
 "none" and "copy" compute wrong outputs; only their times mean anything.
 """
@@ -34,7 +34,7 @@ from hotpath.ops.triton_utils import (
     pdl_wait,
     shared_memory_carveout,
 )
-from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
+from profile_decode import decoding_engine  # benchmarks/ is on the path when run as a script
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """Where a mixed workload's steps spend their time: the bench throughput workload (Qwen3-8B shape,
 random weights, user defaults) driven step by step; a window of steady-state steps is timed by
 kind (wall time between synchronised step boundaries) and profiled with torch.profiler.
-Usage: python scripts/profile_mixed_steps.py [--preset P] [--out DIR]"""
+Usage: python benchmarks/profile_mixed_steps.py [--preset P] [--out DIR]"""
 
 import argparse
 import json

@@ -4,7 +4,7 @@ carries ptxas). The launches are captured from the real host functions, with the
 so that they pick the H200's splits and tiles, and compiled as the GPU launch would specialise
 them, PDL on as on Hopper.
 
-    python scripts/kernel_registers.py        # one JSON object: kernel -> [registers, spilled bytes]
+    python benchmarks/kernel_registers.py     # one JSON object: kernel -> [registers, spilled bytes]
 
 Registers decide how many programs fit on an SM: at 4 warps, 128 registers a thread allow 4.
 """

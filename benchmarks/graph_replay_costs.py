@@ -1,9 +1,9 @@
 """What a batch-1 decode step costs on the device beyond its graph: the graph replayed back to
-back (and a second capture of it, as scripts/decode_variants.py makes), against the same graph
+back (and a second capture of it, as benchmarks/decode_variants.py makes), against the same graph
 behind each step's input copy (DecodeInputs.fill), against the engine's own loop (async
 scheduling, as `hotpath bench latency` runs it).
 
-    python scripts/graph_replay_costs.py --preset qwen3-0.6b [--steps 200] [--out DIR]
+    python benchmarks/graph_replay_costs.py --preset qwen3-0.6b [--steps 200] [--out DIR]
 """
 
 import argparse
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from profile_decode import decoding_engine  # scripts/ is on the path when run as a script
+from profile_decode import decoding_engine  # benchmarks/ is on the path when run as a script
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
         for _ in range(ns.steps):
             again.replay()
 
-    # the graph captured again, as scripts/decode_variants.py captures its variants (the first
+    # the graph captured again, as benchmarks/decode_variants.py captures its variants (the first
     # kept alive, with its inputs)
     first = (runner.graphs, runner.decode_inputs)
     runner.graphs = {}
