@@ -249,8 +249,9 @@ ATTENTION_KERNELS = ("_decode_split_kernel", "_merge_head_kernel")
 
 # Other variants: attributes set on modules while the variant's graph is captured (a script may
 # add entries and call main()). The variants of runs I-N that needed a kernel switch in the product
-# (merge in the attention kernel, query rows padded, every split through the tile loop) are gone
-# with their switches: docs/decisions.md
+# (merge in the attention kernel, query rows padded, every split through the tile loop; run L's
+# w_evict_normal and carveoutN, the default eviction policy for the GEMV's weights and other
+# shares of the batch-1 graph's L1 / shared memory) are gone with their switches: docs/decisions.md
 PATCHES: dict[str, list[tuple[object, str, object]]] = {
     # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round took two rounds for 9 splits
     # (run H call 4); merge_min1: the rule before MIN_MERGE_SPLITS
@@ -264,11 +265,6 @@ PATCHES: dict[str, list[tuple[object, str, object]]] = {
     "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
     # the greedy sampler's two kernels launched without PDL, as before run N
     "sampler_no_pdl": [(sampling_triton, "pdl_enabled", lambda device: False)],
-    # the GEMV's weight loads under the default eviction policy (evict_first since run L)
-    "w_evict_normal": [(triton_gemv, "WEIGHT_EVICTION", "")],
-    # the batch-1 graph's kernels asking for N% of L1 / shared memory as shared memory
-    # (DECODE_CARVEOUT, 10 since run L), or for what the driver picks (-1)
-    **{f"carveout{n}": [(model_runner, "DECODE_CARVEOUT", n)] for n in (-1, 0, 5, 8, 12, 15, 20, 30)},
     # the batch-1 graph with the attention kernels or the GEMVs asking for other shares than the rest
     **{f"c{p}_attn{a}": _carveouts(p, **dict.fromkeys(ATTENTION_KERNELS, a))
        for p, a in ((10, 5), (10, 20), (10, 30), (5, 10), (15, 10))},

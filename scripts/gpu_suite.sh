@@ -41,6 +41,6 @@ fi
 if [[ $what == *" profile "* ]]; then
   python3 benchmarks/profile_decode.py --preset qwen3-0.6b --out "$OUT" | tail -30
   python3 benchmarks/profile_decode.py --preset qwen3-8b --out "$OUT" | head -3
-  # the bench's TPOT against its graph's replay, with the sampled tokens mapped or copied back
-  python3 scripts/step_overhead.py --preset qwen3-0.6b --out "$OUT" | tail -2
+  # what a step pays beyond its graph's replay: the input copy, the engine's loop, the launch
+  python3 benchmarks/graph_replay_costs.py --preset qwen3-0.6b --out "$OUT" | tail -2
 fi
