@@ -1,7 +1,10 @@
 """Model and engine configuration.
 
-`ModelConfig` is read from an HF `config.json` (GGUF files are first converted to an HF-style
-directory by the loader, so this is the one place model hyper-parameters are parsed).
+`ModelConfig` holds what the model code needs from an HF `config.json` (GGUF files are first
+converted to an HF-style directory by the loader). Parsing belongs to each architecture family
+(`CausalLM.config_from_hf` in hotpath/models, found through the registry by the `architectures`
+name): a family says which features it has, so no feature is derived from a name elsewhere. The
+fields every family shares are parsed here (`ModelConfig.common`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,17 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The sparse MLP blocks of a mixture-of-experts model (Qwen2-MoE, Qwen3-MoE)."""
+
+    num_experts: int
+    top_k: int  # experts per token (num_experts_per_tok)
+    intermediate_size: int  # each expert's (moe_intermediate_size)
+    norm_topk_prob: bool  # renormalise the top-k routing weights to sum to 1
+    sparse_layers: frozenset[int]  # the layers whose MLP is the sparse block
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
 
 
 @dataclass
@@ -21,7 +34,7 @@ class ModelConfig:
     architecture: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # the dense MLP's (of every layer, or of an MoE model's dense layers)
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -29,23 +42,26 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
+    attention_bias: bool  # biases on q/k/v
+    qk_norm: bool  # per-head RMSNorm on q and k before RoPE
     rope: dict[str, Any]  # HF rope_parameters: rope_type, rope_theta and the type's own keys
     hidden_act: str = "silu"
     torch_dtype: str | None = None
     eos_token_id: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
+    moe: MoeConfig | None = None
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else _arch_from_model_type(cfg.get("model_type"))
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported model architecture {arch!r} (model_type {cfg.get('model_type')!r}); "
-                f"hotpath supports {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        """Parsed by the family that serves cfg's architecture (a clear error if none does)."""
+        from hotpath.models.registry import config_from_hf
+
+        return config_from_hf(cfg)
+
+    @classmethod
+    def common(cls, arch: str, cfg: dict[str, Any], **family: Any) -> ModelConfig:
+        """The fields every family reads the same way; `family` sets the family's own
+        (attention_bias, qk_norm, moe, ...)."""
         if cfg.get("use_sliding_window"):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
         hidden = cfg["hidden_size"]
@@ -56,7 +72,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        return cls(
+        fields = dict(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
@@ -68,18 +84,18 @@ class ModelConfig:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 32768),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            # Qwen2 always has q/k/v biases; Llama has them only when attention_bias is set.
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=False,
             rope=_rope_parameters(cfg),
             hidden_act=act,
             torch_dtype=str(dtype) if dtype else None,
             eos_token_id=eos,
             bos_token_id=cfg.get("bos_token_id"),
         )
+        return cls(**{**fields, **family})
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> "ModelConfig":
+    def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {model_dir}")
@@ -98,13 +114,17 @@ class ModelConfig:
             return torch.float16
         return torch.bfloat16
 
-
-def _arch_from_model_type(model_type: str | None) -> str:
-    return {
-        "llama": "LlamaForCausalLM",
-        "qwen2": "Qwen2ForCausalLM",
-        "qwen3": "Qwen3ForCausalLM",
-    }.get(model_type or "", f"<model_type {model_type}>")
+    def mlp_activation_width(self) -> int:
+        """Activation elements per token one layer's MLP block holds at its peak (for sizing a
+        step's working memory): [gate | up] and their product for a dense MLP; for a sparse
+        block, that for each of its top_k experts, plus the fp32 sum and the shared expert's."""
+        dense = 3 * self.intermediate_size
+        if self.moe is None:
+            return dense
+        moe = self.moe
+        sparse = moe.top_k * 3 * moe.intermediate_size + 2 * self.hidden_size
+        sparse += 3 * moe.shared_expert_intermediate_size
+        return max(sparse, dense if len(moe.sparse_layers) < self.num_hidden_layers else 0)
 
 
 def _rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ from pathlib import Path
 import torch
 
 # name -> (config class, kwargs); together they cover GQA 1:1, 4:1 and 8:1, tied and untied
-# embeddings, head_dim != hidden / heads, q/k/v biases, QK-norm and rope scaling.
+# embeddings, head_dim != hidden / heads, q/k/v biases, QK-norm and rope scaling; and for MoE an
+# odd expert count, top-k of 2 and 3, norm_topk_prob on and off, decoder_sparse_step 2 with
+# mlp_only_layers (dense and sparse layers mixed), and Qwen2-MoE's shared expert.
 TINY_CONFIGS = {
     "qwen2-gqa4-tied": ("Qwen2Config", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
@@ -23,6 +25,20 @@ TINY_CONFIGS = {
     "llama-gqa4-tied-hd": ("LlamaConfig", dict(
         hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)),
+    "qwen3moe-e5-top2-norm": ("Qwen3MoeConfig", dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=5, num_experts_per_tok=2,
+        norm_topk_prob=True, tie_word_embeddings=False)),
+    "qwen3moe-e7-top3-sparse2": ("Qwen3MoeConfig", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=32, num_experts=7,
+        num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[3],
+        tie_word_embeddings=True)),  # sparse layers 1 and 5; 0, 2, 3 and 4 dense
+    "qwen2moe-shared": ("Qwen2MoeConfig", dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        shared_expert_intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+        tie_word_embeddings=False)),
 }
 
 
@@ -42,5 +58,7 @@ def make_tiny_model(name: str, out_dir: Path, vocab_size: int = 512, seed: int =
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            if pname.endswith("mlp.gate.weight"):  # MoE routers: decisive routing, not near-uniform
+                p.mul_(50)
     model.save_pretrained(out_dir)
     return model

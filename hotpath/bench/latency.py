@@ -63,48 +63,49 @@ def engine_args(ns: argparse.Namespace, model_dir: str) -> EngineArgs:
     return replace(EngineArgs.from_cli_args(ns), model=model_dir, skip_tokenizer_init=True)
 
 
-def run_hotpath(ns: argparse.Namespace, model_dir: str) -> dict:
+def run_hotpath(ns: argparse.Namespace, model_dir: str) -> list[dict]:
+    """One engine, each batch size of --batch-size timed in turn."""
     say(f"loading hotpath engine ({ns.load_format} weights) and capturing CUDA graphs")
     engine = Engine(engine_args(ns, model_dir))
-    cfg = engine.model_config
     if engine.config.max_model_len < ns.input_len + ns.output_len:
         raise ValueError(f"max_model_len {engine.config.max_model_len} is shorter than --input-len + "
                          f"--output-len ({ns.input_len + ns.output_len})")
-    g = torch.Generator().manual_seed(0)
+    results = [_time_batch(engine, ns, bs) for bs in ns.batch_size]
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return results
+
+
+def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict:
+    cfg = engine.model_config
+    g = torch.Generator().manual_seed(batch_size)
     # the warm-up's prompts are not the timed run's: with prefix caching (the default) the timed
     # run would find its prompts cached and skip their prefill
     warm_up, prompts = [[torch.randint(0, cfg.vocab_size, (ns.input_len,), generator=g).tolist()
-                         for _ in range(ns.batch_size)] for _ in range(2)]
-    say("warm-up run")
+                         for _ in range(batch_size)] for _ in range(2)]
+    say(f"warm-up run: batch {batch_size}")
     _run_batch(engine, warm_up, min(ns.output_len, 8))
-    say(f"timed run: batch {ns.batch_size}, {ns.input_len} prompt tokens, {ns.output_len} output tokens")
+    say(f"timed run: batch {batch_size}, {ns.input_len} prompt tokens, {ns.output_len} output tokens")
     ttft, steps = _run_batch(engine, prompts, ns.output_len)
     tpot = sum(steps) / len(steps) if steps else float("nan")
     model = engine.runner.model
-    weight_bytes = roofline.decode_weight_bytes(model, cfg, ns.batch_size)
     mean_ctx = ns.input_len + ns.output_len / 2
-    kv_bytes = int(ns.batch_size * mean_ctx * roofline.kv_bytes_per_token(cfg, engine.dtype))
-    params = sum(p.numel() for p in model.parameters())
-    emb = model.model.embed_tokens.weight.numel()
-    active = params - emb - (0 if cfg.tie_word_embeddings else model.lm_head.weight.numel())
-    result = {
+    return {
+        "batch_size": batch_size,
         "ttft_s": ttft,
         "tpot_s": tpot,
         "tpot_median_s": sorted(steps)[len(steps) // 2] if steps else float("nan"),
-        "output_tokens_per_s": ns.batch_size / tpot,
-        "weight_bytes_per_step": weight_bytes,
-        "kv_bytes_per_step": kv_bytes,
-        "prefill_flops": roofline.prefill_flops(cfg, active, ns.input_len) * ns.batch_size,
+        "output_tokens_per_s": batch_size / tpot,
+        "weight_bytes_per_step": roofline.decode_weight_bytes(model, cfg, batch_size),
+        "kv_bytes_per_step": int(batch_size * mean_ctx * roofline.kv_bytes_per_token(cfg, engine.dtype)),
+        "prefill_flops": roofline.prefill_flops(cfg, roofline.active_params(model, cfg), ns.input_len) * batch_size,
         "kv_cache_tokens": engine.runner.num_blocks * engine.config.block_size,
         "max_model_len": engine.config.max_model_len,
     }
-    del engine, model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return result
 
 
-def run_hf(ns: argparse.Namespace, model_dir: str, dtype: torch.dtype) -> dict:
+def run_hf(ns: argparse.Namespace, model_dir: str, dtype: torch.dtype, batch_size: int) -> dict:
     """HF transformers, eager, same config and GPU, random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -112,7 +113,7 @@ def run_hf(ns: argparse.Namespace, model_dir: str, dtype: torch.dtype) -> dict:
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    ids = torch.randint(0, config.vocab_size, (ns.batch_size, ns.input_len), device="cuda")
+    ids = torch.randint(0, config.vocab_size, (batch_size, ns.input_len), device="cuda")
     out_len = min(ns.output_len, 64)  # TPOT does not need the full length at HF's speed
 
     def generate(n: int) -> float:
@@ -148,26 +149,29 @@ def main(ns: argparse.Namespace) -> int:
     say("measuring HBM bandwidth (device-to-device copy) and the bf16 matmul rate")
     bandwidth = roofline.measure_bandwidth(device)
     matmul = roofline.measure_matmul_flops(device)
-    res = run_hotpath(ns, model_dir)
-    roof = (res["weight_bytes_per_step"] + res["kv_bytes_per_step"]) / bandwidth
-    res.update(
-        name=ns.preset or ns.model, batch_size=ns.batch_size, input_len=ns.input_len,
-        output_len=ns.output_len, device=torch.cuda.get_device_name(), bandwidth_Bps=bandwidth,
-        matmul_flops=matmul, roofline_tpot_s=roof, tpot_over_roofline=res["tpot_s"] / roof,
-        prefill_tflops=res["prefill_flops"] / res["ttft_s"] / 1e12,
-        prefill_fraction_of_matmul=res["prefill_flops"] / res["ttft_s"] / matmul,
-        date=time.strftime("%Y-%m-%d"),
-    )
-    if ns.compare == "hf":
+    runs = run_hotpath(ns, model_dir)
+    for res in runs:
+        roof = (res["weight_bytes_per_step"] + res["kv_bytes_per_step"]) / bandwidth
+        res.update(
+            name=ns.preset or ns.model, input_len=ns.input_len, output_len=ns.output_len,
+            device=torch.cuda.get_device_name(), bandwidth_Bps=bandwidth, matmul_flops=matmul,
+            roofline_tpot_s=roof, tpot_over_roofline=res["tpot_s"] / roof,
+            prefill_tflops=res["prefill_flops"] / res["ttft_s"] / 1e12,
+            prefill_fraction_of_matmul=res["prefill_flops"] / res["ttft_s"] / matmul,
+            date=time.strftime("%Y-%m-%d"),
+        )
+    if ns.compare == "hf":  # at the first batch size
         dtype = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
                  "float32": torch.float32}[ns.dtype]
-        hf = run_hf(ns, model_dir, dtype)
+        res = runs[0]
+        hf = run_hf(ns, model_dir, dtype, res["batch_size"])
         res["hf_ttft_s"] = hf["ttft_s"]
         res["hf_tpot_s"] = hf["tpot_s"]
-        res["hf_tpot_over_roofline"] = hf["tpot_s"] / roof
-    _print_table(res)
+        res["hf_tpot_over_roofline"] = hf["tpot_s"] / res["roofline_tpot_s"]
+    for res in runs:
+        _print_table(res)
     if ns.json:
-        Path(ns.json).write_text(json.dumps(res, indent=2))
+        Path(ns.json).write_text(json.dumps(runs[0] if len(runs) == 1 else runs, indent=2))
     return 0
 
 
@@ -195,11 +199,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("latency", help="time one batch: TTFT, TPOT and the HBM roofline")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="a published model shape with random weights (implies --load-format dummy)")
-    p.add_argument("--batch-size", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1],
+                   help="sequences decoded together; several sizes are timed in turn on one engine")
     p.add_argument("--input-len", type=int, default=512, help="prompt tokens per sequence")
     p.add_argument("--output-len", type=int, default=128, help="generated tokens per sequence")
     p.add_argument("--compare", choices=["hf"], default=None,
-                   help="also time HF transformers (eager) on the same config in this process")
+                   help="also time HF transformers (eager) on the same config in this process, at the "
+                        "first batch size")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
     # the engine flags, at LLM()'s defaults: --model (an HF directory for --compare hf),
     # --max-model-len, --num-gpu-blocks-override, --max-num-seqs, --enforce-eager, ...

@@ -12,6 +12,12 @@ _QWEN3 = dict(
     hidden_act="silu", eos_token_id=151645, bos_token_id=151643,
 )
 
+_QWEN3_MOE = dict(
+    _QWEN3, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=128,
+    num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+    num_key_value_heads=4, tie_word_embeddings=False,
+)
+
 PRESETS: dict[str, dict] = {
     "qwen3-0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
@@ -19,6 +25,10 @@ PRESETS: dict[str, dict] = {
                      num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
     "qwen3-32b": dict(_QWEN3, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
                       num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-30b-a3b": dict(_QWEN3_MOE, hidden_size=2048, intermediate_size=6144,
+                          moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32),
+    "qwen3-235b-a22b": dict(_QWEN3_MOE, hidden_size=4096, intermediate_size=12288,
+                            moe_intermediate_size=1536, num_hidden_layers=94, num_attention_heads=64),
     "qwen2.5-coder-32b": dict(
         architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=152064,
         hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,

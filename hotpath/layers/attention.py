@@ -1,15 +1,21 @@
-"""Attention over the paged KV cache for a flat batch of tokens from many sequences."""
+"""Attention over the paged KV cache, and the self-attention block of a decoder layer around it."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+from hotpath.layers.cache import KVCacheSpec
+from hotpath.layers.linear import Linear
+from hotpath.layers.norm import RMSNorm
+from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.ops.attention import rope_and_paged_attention
 from hotpath.runner.forward_batch import ForwardBatch
 
 
 class Attention(nn.Module):
+    """Attention for a flat batch of tokens from many sequences; declares its paged KV cache."""
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -19,6 +25,12 @@ class Attention(nn.Module):
         # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]; bound by the
         # model runner once it knows how many blocks fit.
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec(self.num_kv_heads, self.head_dim)
+
+    def bind_cache(self, cache: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.kv_cache = cache
 
     def rope_and_attend(
         self,
@@ -50,3 +62,64 @@ class Attention(nn.Module):
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.kv_cache is not None, "KV cache not bound to the attention layer"
         return self.kv_cache
+
+
+class SelfAttention(nn.Module):
+    """qkv projection, optional per-head QK-norm (Qwen3), RoPE, paged attention, o projection."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rotary: RotaryEmbedding,
+        qkv_bias: bool,
+        qk_norm_eps: float | None,  # None: no QK-norm
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.q_size = num_heads * head_dim
+        self.kv_size = num_kv_heads * head_dim
+        self.qkv_proj = Linear(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=qkv_bias,
+                               checkpoint_names=["q_proj", "k_proj", "v_proj"])
+        self.o_proj = Linear(self.q_size, [hidden_size])
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.rotary = rotary
+        self.attn = Attention(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return self.o_proj(self.attend(positions, self.qkv_proj(x), batch))
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        return self.qkv_proj.fuses(x) and self.o_proj.fuses(x)
+
+    def forward_few_rows(
+        self,
+        positions: torch.Tensor,
+        h: torch.Tensor,  # [M, hidden], the residual stream, updated in place
+        sumsq: torch.Tensor,  # [T, M] fp32, h's partial sums of squares
+        norm: RMSNorm,  # the input RMSNorm, applied as qkv_proj loads h
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [T', M] fp32, the new h's
+        """h += o_proj(attention(qkv_proj(norm(h)))): two projection launches and attention's."""
+        qkv = self.qkv_proj(h, rms=(sumsq, norm.weight, norm.eps))
+        return self.o_proj.add_residual(self.attend(positions, qkv, batch), h)
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Attention from the q/k/v projections, this step's k/v written to the cache."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        else:
+            qk_norm = (None, None, 0.0)
+        # QK-norm, RoPE and this step's k/v into the cache, fused with the attention itself for
+        # decode steps on the GPU
+        out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch)
+        return out.reshape(-1, self.q_size)

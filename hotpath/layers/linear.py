@@ -1,39 +1,114 @@
-"""Linear layers.
+"""Linear layers: the seam for quantization (and, later, tensor parallelism).
 
-`Linear` can hold several logical projections stacked along the output dimension (q/k/v, gate/up),
-so one matmul reads their weights; the loader fills each shard from its own checkpoint tensor.
+A `Linear` owns its parameters, fills them from the checkpoint through `checkpoint_tensors` (one
+loader per checkpoint tensor, so a fused projection such as qkv or gate_up is filled from its
+separate q/k/v or gate/up tensors), and runs through a method object that holds the arithmetic.
+Only the unquantized method exists now; a quantized one brings its own parameters and kernels and
+the layers above do not change.
+
+Besides the plain projection, a layer offers the fused forms of the few-rows decode chain (see
+models/decoder.py): its input RMS-normalised as it loads (`rms=`), SiLU-and-mul fused into a
+gate_up projection, and the output added into the residual stream with the new rows' sums of
+squares returned. `fuses(x)` says whether it runs them as one kernel for this input; a layer
+whose method cannot says no, and the model keeps the unfused path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
+
 import torch
 import torch.nn as nn
 
-from hotpath.ops.linear import linear
+from hotpath.ops.linear import linear, linear_add_residual, linear_silu_and_mul, use_gemv
+from hotpath.ops.linear.reference import RmsInput
+
+# checkpoint tensor name -> what copies that tensor into the model's parameters
+WeightLoaders = dict[str, Callable[[torch.Tensor], None]]
+
+
+class UnquantizedLinearMethod:
+    """Weights in the model dtype, [out_features, in_features]; hotpath.ops.linear runs them."""
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+
+    def fuses(self, layer: Linear, x: torch.Tensor) -> bool:
+        return use_gemv(x, layer.weight)
+
+    def apply(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None,
+              out_dtype: torch.dtype | None) -> torch.Tensor:
+        return linear(x, layer.weight, layer.bias, rms=rms, out_dtype=out_dtype)
+
+    def apply_silu_and_mul(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None) -> torch.Tensor:
+        return linear_silu_and_mul(x, layer.weight, rms=rms)
+
+    def apply_add_residual(self, layer: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return linear_add_residual(x, layer.weight, residual)
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False) -> None:
+    """y = x @ W^T (+ b), W holding one or more projections stacked along the output dimension.
+
+    `checkpoint_names` names each stacked projection as the checkpoint does (["q_proj", "k_proj",
+    "v_proj"] for a qkv_proj); without it the checkpoint's tensor has the module's own name."""
+
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: Sequence[int],
+        bias: bool = False,
+        checkpoint_names: Sequence[str] | None = None,
+        method: UnquantizedLinearMethod | None = None,
+    ) -> None:
         super().__init__()
+        if checkpoint_names is not None and len(checkpoint_names) != len(output_sizes):
+            raise ValueError("checkpoint_names must name every stacked projection")
         self.in_features = in_features
         self.output_sizes = list(output_sizes)
-        out_features = sum(output_sizes)
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = (
-            nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        )
+        self.checkpoint_names = None if checkpoint_names is None else list(checkpoint_names)
+        self.method = method or UnquantizedLinearMethod()
+        self.method.create_weights(self, in_features, sum(output_sizes))
+        self.bias = nn.Parameter(torch.empty(sum(output_sizes)), requires_grad=False) if bias else None
 
-    def load_shard(self, param_name: str, loaded: torch.Tensor, shard: int = 0) -> None:
-        """Copy one checkpoint tensor (e.g. k_proj.weight, shard 1) into its rows."""
-        param = getattr(self, param_name)
+    # ---- loading ------------------------------------------------------------------------------
+    def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
+        """{checkpoint tensor name: loader} for this layer, `prefix` being its module path."""
+        parent, _, own = prefix.rpartition(".")
+        names = self.checkpoint_names or [own]
+        loaders: WeightLoaders = {}
+        for param_name, param in self.named_parameters(recurse=False):
+            for shard, ckpt in enumerate(names):
+                full = f"{parent}.{ckpt}.{param_name}" if parent else f"{ckpt}.{param_name}"
+                loaders[full] = partial(self.weight_loader, param, shard)
+        return loaders
+
+    def weight_loader(self, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
+        """Copies one checkpoint tensor (e.g. k_proj.weight, shard 1) into its rows of `param`."""
         start = sum(self.output_sizes[:shard])
-        rows = self.output_sizes[shard]
-        target = param.data[start : start + rows]
+        target = param.data[start : start + self.output_sizes[shard]]
         if loaded.shape != target.shape:
             raise ValueError(
-                f"checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(target.shape)}"
+                f"has shape {tuple(loaded.shape)}, expected {tuple(target.shape)}"
             )
         target.copy_(loaded)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+    # ---- running ------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, rms: RmsInput | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., in] -> [..., out]; with `rms`, of RMSNorm(x) from partial sums of squares (see
+        hotpath.ops.linear.linear); stored as `out_dtype` if given."""
+        return self.method.apply(self, x, rms, out_dtype)
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        """Whether the fused forms below run as one kernel for input `x` (the decode chain's test)."""
+        return self.method.fuses(self, x)
+
+    def silu_and_mul(self, x: torch.Tensor, rms: RmsInput | None = None) -> torch.Tensor:
+        """For a [gate | up] projection: silu(x @ gate^T) * (x @ up^T), [..., out / 2]."""
+        return self.method.apply_silu_and_mul(self, x, rms)
+
+    def add_residual(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual += x @ W^T in place; returns the new rows' partial sums of squares [T, rows]."""
+        return self.method.apply_add_residual(self, x, residual)

@@ -1,23 +1,44 @@
-"""Architecture name (config.json "architectures") -> model class."""
+"""Architecture name (config.json "architectures") -> the model class that serves it, and the
+config parsing that class owns."""
 
 from __future__ import annotations
 
-import torch.nn as nn
+from typing import Any
 
-from hotpath.models.llama import DecoderForCausalLM
+from hotpath.config import ModelConfig
+from hotpath.models.decoder import CausalLM
+from hotpath.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from hotpath.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": DecoderForCausalLM,
-    "Qwen2ForCausalLM": DecoderForCausalLM,
-    "Qwen3ForCausalLM": DecoderForCausalLM,
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
+    cls.__name__: cls
+    for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM,
+                Qwen3MoeForCausalLM)
 }
 
+# config.json files without "architectures" name their model_type only
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
-def get_model_class(architecture: str) -> type[nn.Module]:
+
+def get_model_class(architecture: str) -> type[CausalLM]:
     try:
         return MODEL_REGISTRY[architecture]
     except KeyError:
         raise ValueError(
             f"unsupported model architecture {architecture!r}; "
-            f"supported: {', '.join(MODEL_REGISTRY)}"
+            f"hotpath supports {', '.join(MODEL_REGISTRY)}"
         ) from None
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from a config.json's contents, parsed by the family that serves it."""
+    archs = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    arch = archs[0] if archs else _MODEL_TYPES.get(model_type or "", f"<model_type {model_type}>")
+    if arch not in MODEL_REGISTRY:
+        raise ValueError(
+            f"unsupported model architecture {arch!r} (model_type {model_type!r}); "
+            f"hotpath supports {', '.join(MODEL_REGISTRY)}"
+        )
+    return MODEL_REGISTRY[arch].config_from_hf(arch, hf)

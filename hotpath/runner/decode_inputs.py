@@ -42,9 +42,6 @@ def _even(n: int) -> int:
     return n + (n & 1)
 
 
-# whether the graphs write their tokens to mapped host memory (else they are copied); ROCm's
-# pinned memory is device-accessible too, but this path is untested there
-MAPPED_OUT = torch.version.hip is None
 # ring rows for the sampled tokens of graph steps in flight: the engine has at most two launched
 # and not collected (async scheduling); more is slack, and a step finding none free uses copies
 OUT_SLOTS = 4
@@ -73,7 +70,8 @@ class DecodeInputs:
         self.logprobs = torch.zeros(max_rows, dtype=torch.float32, device=device)  # greedy logprobs
         # [OUT_SLOTS + 1, max_rows] each, in host memory the graphs write (see the module doc);
         # the last row takes the tokens of steps nobody reads from here
-        self.mapped = MAPPED_OUT
+        # (else they are copied: ROCm's pinned memory is device-accessible too, but untested there)
+        self.mapped = torch.version.hip is None
         ring = dict(size=(OUT_SLOTS + 1, max_rows), pin_memory=self.pin)
         self.host_token_ids = torch.zeros(**ring, dtype=torch.int64)
         self.host_logprobs = torch.zeros(**ring, dtype=torch.float32)

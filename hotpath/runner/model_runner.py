@@ -57,14 +57,6 @@ class Replayable(Protocol):
     def replay(self) -> None: ...
 
 
-# Share of each SM's L1 / shared memory (percent) every kernel of the batch-1 decode graph asks for
-# as shared memory, where that step is all Triton kernels (the few-rows forward). H200, graph
-# replays (run L, docs/benchmarks.md): 8-15 all beat the driver's own choice, 10 by 1.0-1.4% at
-# Qwen3-8B, 2.4-3.5% at 0.6B and 2.7% at 32B; 20 and more starve the GEMVs' loads of L1 at 8B, 0-5
-# lose at 0.6B. Not at two rows (0.6B's batch 2, also all Triton: 8.5% slower) nor where cuBLAS
-# runs (8B's batch 8: 12% slower).
-DECODE_CARVEOUT = 10
-
 # Longest contexts of the extra decode graphs captured for short contexts. A graph's attention
 # spreads each context over a number of programs fixed from the longest it may meet
 # (max_model_len), and at a fraction of that most find no keys and still cost: Qwen3-0.6B at
@@ -133,18 +125,17 @@ class ModelRunner:
         if device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device)):
             self._capture_decode_graphs()
 
-    # ---- KV cache -------------------------------------------------------------------------
-    def _kv_bytes_per_block(self) -> int:
-        cfg = self.model_config
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        per_token = 2 * cfg.num_key_value_heads * cfg.head_dim * elem * cfg.num_hidden_layers
-        return per_token * self.block_size
+    # ---- caches ---------------------------------------------------------------------------
+    def _cache_bytes_per_block(self) -> int:
+        """Every cache layer's bytes for block_size tokens, from the layers' own declarations."""
+        layers = self.model.cache_layers()
+        return sum(layer.cache_spec().bytes_per_token(self.dtype) for layer in layers) * self.block_size
 
     def _num_kv_blocks(self) -> int:
         ec = self.engine_config
         if ec.num_gpu_blocks_override is not None:
             return ec.num_gpu_blocks_override
-        per_block = self._kv_bytes_per_block()
+        per_block = self._cache_bytes_per_block()
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
@@ -162,24 +153,20 @@ class ModelRunner:
         return num_blocks
 
     def _activation_bytes(self) -> int:
-        """Peak memory of one step beyond weights and cache: a few [tokens, hidden/intermediate]
-        activations for the largest token batch, plus fp32 logits and sampler work space."""
+        """Peak memory of one step beyond weights and cache: a few [tokens, hidden] activations
+        and the MLP block's intermediates for the largest token batch, plus fp32 logits and
+        sampler work space."""
         cfg, ec = self.model_config, self.engine_config
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        tokens = ec.max_num_batched_tokens
-        per_token = (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * elem
+        per_token = (4 * cfg.hidden_size + cfg.mlp_activation_width()) * self.dtype.itemsize
         logits = ec.max_num_seqs * cfg.vocab_size * 4 * 4
-        return tokens * per_token + logits + 512 * 2**20
+        return ec.max_num_batched_tokens * per_token + logits + 512 * 2**20
 
     def _allocate_kv_cache(self) -> None:
-        cfg = self.model_config
         # one block more than the manager hands out: padding rows of a CUDA graph batch write there
         self.scratch_block = self.num_blocks
-        shape = (self.num_blocks + 1, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        for attn in self.model.attention_layers():
-            k = torch.empty(shape, dtype=self.dtype, device=self.device)
-            v = torch.empty(shape, dtype=self.dtype, device=self.device)
-            attn.kv_cache = (k, v)
+        for layer in self.model.cache_layers():
+            layer.bind_cache(layer.cache_spec().allocate(self.num_blocks + 1, self.block_size,
+                                                         self.dtype, self.device))
 
     # ---- one step -------------------------------------------------------------------------
     def _prepare(
@@ -413,7 +400,8 @@ class ModelRunner:
 
         if bs != 1 or not self.model.model.few_rows(1):
             return contextlib.nullcontext()
-        return shared_memory_carveout(DECODE_CARVEOUT)
+        # 10% of L1 as shared memory beat the driver's choice by 1-3.5% on Qwen3 0.6B-32B (H200)
+        return shared_memory_carveout(10)
 
     def _decode_forward(self, bs: int, max_context_len: int) -> Callable[[], torch.Tensor]:
         """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on

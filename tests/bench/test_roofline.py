@@ -7,10 +7,10 @@ import torch
 from hotpath.bench.presets import PRESETS
 from hotpath.bench.roofline import decode_weight_bytes, kv_bytes_per_token, prefill_flops
 from hotpath.config import ModelConfig
-from hotpath.models.llama import DecoderForCausalLM
+from hotpath.models.registry import get_model_class
 
 # totals on the model cards (rounded there, hence the 1% tolerance)
-PUBLISHED_PARAMS = {"qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9}
+PUBLISHED_PARAMS = {"qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9}
 
 
 def meta_model(name):
@@ -19,7 +19,7 @@ def meta_model(name):
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("meta"):
-            return cfg, DecoderForCausalLM(cfg, max_positions=16)
+            return cfg, get_model_class(cfg.architecture)(cfg, max_positions=16)
     finally:
         torch.set_default_dtype(old)
 
@@ -49,3 +49,21 @@ def test_kv_and_flops():
     attn = prefill_flops(cfg, 0, 1000)
     assert attn == pytest.approx(2 * 2 * 36 * 32 * 128 * 1000**2 / 2)
     assert prefill_flops(cfg, 10, 1000) == pytest.approx(attn + 2 * 10 * 1000)
+
+
+def test_moe_decode_bytes_count_routed_experts_only():
+    """Qwen3-30B-A3B: ~3.3B parameters active per token (model card); at batch 1 a decode step
+    reads 8 of each layer's 128 experts, and at large batches nearly all of them."""
+    from hotpath.bench.roofline import active_params, expected_distinct_experts
+
+    cfg, model = meta_model("qwen3-30b-a3b")
+    assert expected_distinct_experts(128, 8, 1) == pytest.approx(8)
+    assert expected_distinct_experts(128, 8, 1000) == pytest.approx(128)
+    experts = 48 * 128 * 3 * 2048 * 768 * 2  # bytes of every expert of every layer
+    total = sum(p.numel() for p in model.parameters()) * 2
+    emb = cfg.vocab_size * cfg.hidden_size * 2
+    one = decode_weight_bytes(model, cfg, 1)
+    assert one == total - emb + cfg.hidden_size * 2 - experts * 120 // 128
+    assert 3.0e9 < one / 2 < 3.3e9  # the model card's 3.3B active includes the embedding
+    assert decode_weight_bytes(model, cfg, 64) > 3 * one
+    assert active_params(model, cfg) == pytest.approx(3.3e9 - 2 * 151936 * 2048, rel=0.02)

@@ -6,13 +6,12 @@ import torch
 
 from hotpath import LLM, SamplingParams
 
-MODEL = "qwen2-gqa4-tied"
 LENGTHS = [5, 33, 70, 16, 48, 91]
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_model_factory):
-    path, hf_model = tiny_model_factory(MODEL)
+@pytest.fixture(scope="module", params=["qwen2-gqa4-tied", "qwen3moe-e7-top3-sparse2", "qwen2moe-shared"])
+def setup(request, tiny_model_factory):
+    path, hf_model = tiny_model_factory(request.param)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, hf_model.config.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
     return str(path), prompts

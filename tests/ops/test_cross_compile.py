@@ -81,6 +81,9 @@ RUNS = (
     Run("qwen3-0.6b", PRESETS["qwen3-0.6b"], 0.9),
     Run("qwen3-8b", PRESETS["qwen3-8b"], 0.9),
     Run("qwen2.5-0.5b", QWEN25_05B, 0.9),
+    # MoE: routing, the few-token expert kernels (decode batches 1-8) and the sorted grouped GEMM
+    # (batch 64, the prefill)
+    Run("qwen3-30b-a3b", PRESETS["qwen3-30b-a3b"], 0.9),
     # at the default share every layer's K and V caches are over 2 GB, so AMD reads them with
     # plain loads; a smaller share (or a larger model) takes them under 2 GB: buffer loads
     Run("qwen3-8b-mem0.3", PRESETS["qwen3-8b"], 0.3),
@@ -213,11 +216,11 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
     """The engine's steps for `run`'s model, each named in step[0] before it launches."""
     cfg, kv_heads = model.config, model.config.num_key_value_heads
     max_len = cfg.max_position_embeddings  # the engine's default max_model_len
-    k_cache, v_cache = model.attention_layers()[0].caches()
+    k_cache, v_cache = model.cache_layers()[0].caches()
     # the decode graphs (ModelRunner._capture_decode_graphs and _decode_forward): model, LM head
     # and greedy sampling on views of the static input buffer, for contexts up to max_model_len
     # and, for batches where that at least halves the splits, up to a shorter one; the tokens go
-    # to mapped host memory on CUDA only (runner/decode_inputs.MAPPED_OUT)
+    # to mapped host memory on CUDA only (runner/decode_inputs.DecodeInputs.mapped)
     inputs = DecodeInputs(max(DECODE_BATCHES), -(-max_len // BLOCK_SIZE), k_cache.shape[0] - 1,
                           BLOCK_SIZE, META)
     for bs in DECODE_BATCHES:
@@ -269,7 +272,7 @@ def record(target: Target) -> list[Launch]:
         cfg = ModelConfig.from_dict(dict(run.config, num_hidden_layers=2))
         model = _model(cfg, cfg.max_position_embeddings)
         caches = _kv_cache(run, model, target)
-        for attn in model.attention_layers():
+        for attn in model.cache_layers():
             attn.kv_cache = caches
         roles: dict[int, str] = {}  # parameter -> its name ("=" joins tied ones)
         for name, p in model.named_parameters(remove_duplicate=False):

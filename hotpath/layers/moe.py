@@ -1,0 +1,90 @@
+"""The sparse MoE block of Qwen2-MoE / Qwen3-MoE (and, with its shared expert, of Qwen3-Next and
+Qwen3.5): a router picks top_k of num_experts gated MLPs per token; their outputs, weighted by the
+routing probabilities, are summed. The experts' weights are stacked into two contiguous tensors at
+load time, so that the fused kernels (hotpath/ops/moe) read any expert by index."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn as nn
+
+from hotpath.layers.linear import Linear, WeightLoaders
+from hotpath.layers.mlp import GatedMLP
+from hotpath.ops.moe import fused_moe, route
+
+
+class FusedExperts(nn.Module):
+    """num_experts gated MLPs, stacked: w13 [E, 2 * I, H] holds each expert's gate_proj rows then
+    its up_proj rows, w2 [E, H, I] its down_proj. The checkpoint keeps one tensor per expert and
+    projection (`experts.{e}.gate_proj.weight`), each copied into its slice."""
+
+    _SLICES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.intermediate_size = intermediate_size
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
+                               requires_grad=False)
+
+    def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
+        return {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, param, e, half)
+                for e in range(self.num_experts) for proj, (param, half) in self._SLICES.items()}
+
+    def weight_loader(self, param_name: str, expert: int, half: int, loaded: torch.Tensor) -> None:
+        target = getattr(self, param_name).data[expert]
+        if param_name == "w13":
+            i = self.intermediate_size
+            target = target[half * i : (half + 1) * i]
+        if loaded.shape != target.shape:
+            raise ValueError(
+                f"has shape {tuple(loaded.shape)}, expected {tuple(target.shape)}"
+            )
+        target.copy_(loaded)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, H]
+        topk_weights: torch.Tensor,  # [T, k] fp32
+        topk_ids: torch.Tensor,  # [T, k] int32
+    ) -> torch.Tensor:  # [T, H]
+        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,  # each expert's
+        norm_topk_prob: bool,
+        shared_expert_intermediate_size: int = 0,  # 0: no shared expert (Qwen3-MoE)
+    ) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = Linear(hidden_size, [num_experts])  # the router
+        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
+        if shared_expert_intermediate_size:
+            # Qwen2-MoE's shared expert, every token through it, scaled by a sigmoid gate
+            self.shared_expert = GatedMLP(hidden_size, shared_expert_intermediate_size)
+            self.shared_expert_gate = Linear(hidden_size, [1])
+        else:
+            self.shared_expert = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        router_logits = self.gate(x)  # [T, E], model dtype
+        topk_weights, topk_ids = route(router_logits, self.top_k, self.norm_topk_prob)
+        out = self.experts(x, topk_weights, topk_ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        """No fused few-rows form yet: a model with MoE layers runs its decode unfused."""
+        return False

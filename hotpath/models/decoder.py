@@ -1,0 +1,205 @@
+"""The decoder-only transformer every supported family is built from: embedding, layers of
+(RMSNorm, self-attention, RMSNorm, MLP block) with a residual stream, final RMSNorm, LM head.
+
+A family (models/llama.py, models/qwen_moe.py) subclasses `CausalLM`: it parses its config.json
+(`config_from_hf`) and builds each layer's MLP block (`make_mlp`), dense or sparse. Everything
+else, weight loading included, is shared here.
+
+Decode steps of a few tokens take a fused chain (`DecoderModel.forward_few_rows`) where every block
+fuses: each RMSNorm is applied as the next projection loads its input, from the sums of squares the
+previous projection's epilogue (or the embedding lookup) gathered, so no norm kernel runs between
+layers. A block whose layers cannot fuse (`fuses(x)` false) keeps the whole step on the plain path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from hotpath.config import ModelConfig
+from hotpath.layers.attention import Attention, SelfAttention
+from hotpath.layers.embedding import LMHead, VocabEmbedding
+from hotpath.layers.linear import WeightLoaders
+from hotpath.layers.norm import RMSNorm
+from hotpath.layers.rotary import RotaryEmbedding
+from hotpath.ops.embedding import embedding_with_sumsq
+from hotpath.runner.forward_batch import ForwardBatch
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, mlp: nn.Module) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, rotary,
+            qkv_bias=cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
+        )
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = mlp
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        return self.self_attn.fuses(x) and self.mlp.fuses(x)
+
+    def forward_few_rows(
+        self,
+        positions: torch.Tensor,
+        h: torch.Tensor,  # [M, hidden], the residual stream, updated in place
+        sumsq: torch.Tensor,  # [T, M] fp32 h's partial sums of squares
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [T', M] fp32, the new h's
+        """`forward` for a step of a few tokens (decode) where both blocks fuse: for a dense
+        layer, four projection launches and two of attention (QK-norm and RoPE included; the
+        merge of its splits), rather than ten launches."""
+        sumsq = self.self_attn.forward_few_rows(positions, h, sumsq, self.input_layernorm, batch)
+        return self.mlp.forward_few_rows(h, sumsq, self.post_attention_layernorm)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int, mlps: list[nn.Module]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, max_positions, cfg.max_position_embeddings)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, mlp) for mlp in mlps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:  # [num_tokens, hidden], after the final RMSNorm
+        if self.few_rows(input_ids.shape[0]):
+            # the final norm a launch of its own: folded into the LM head's loads, every one of
+            # its ~19k programs read the statistic and the norm weight (Qwen3-32B ~3% slower)
+            return self.norm(self.forward_few_rows(input_ids, positions, batch))
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, batch)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def few_rows(self, num_tokens: int) -> bool:
+        """Whether a forward of `num_tokens` tokens takes the fused chain (forward_few_rows):
+        every layer's blocks fuse at that many rows."""
+        w = self.embed_tokens.weight
+        x = w[:1].expand(num_tokens, -1)  # stands for the step's input: its rows, dtype, device
+        return all(layer.fuses(x) for layer in self.layers)
+
+    def forward_few_rows(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:  # [M, hidden]
+        """The layers of a step of a few tokens: the residual stream after the last layer, before
+        the final RMSNorm. The embedding lookup stores the first layer's RMSNorm statistic, so no
+        norm launch runs before its qkv projection."""
+        h, sumsq = embedding_with_sumsq(input_ids, self.embed_tokens.weight)
+        for layer in self.layers:
+            sumsq = layer.forward_few_rows(positions, h, sumsq, batch)
+        return h
+
+
+class CausalLM(nn.Module):
+    """A decoder with its LM head; the model contract the runner relies on:
+    forward(input_ids, positions, batch) -> hidden, compute_logits(hidden) -> fp32 logits, the
+    layers that keep a cache (`cache_layers`), and `load_weights` from HF-named tensors."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        mlps = [self.make_mlp(cfg, i) for i in range(cfg.num_hidden_layers)]
+        self.model = DecoderModel(cfg, max_positions, mlps)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    # ---- what a family provides ---------------------------------------------------------------
+    @classmethod
+    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
+        """This family's ModelConfig from a config.json's contents."""
+        raise NotImplementedError
+
+    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        """Layer `layer`'s MLP block."""
+        raise NotImplementedError
+
+    # ---- the runner's contract ----------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        return self.model(input_ids, positions, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, vocab] fp32
+        return self.lm_head(hidden)
+
+    def cache_layers(self) -> list[Attention]:
+        """The layers that keep a per-sequence cache, in order (each has cache_spec/bind_cache)."""
+        return [m for m in self.modules() if hasattr(m, "cache_spec")]
+
+    # ---- loading ------------------------------------------------------------------------------
+    def weight_loaders(self) -> WeightLoaders:
+        """{checkpoint (HF) tensor name: loader}: layers that fill fused or stacked parameters
+        name their checkpoint tensors (checkpoint_tensors); any other parameter is its own."""
+        loaders: WeightLoaders = {}
+        for prefix, module in self.named_modules():
+            if prefix == "lm_head" and self.config.tie_word_embeddings:
+                continue  # the embedding's matrix
+            if hasattr(module, "checkpoint_tensors"):
+                loaders.update(module.checkpoint_tensors(prefix))
+                continue
+            for name, param in module.named_parameters(prefix=prefix, recurse=False):
+                loaders[name] = _copy_into(param)
+        return loaders
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into the parameters, one at a time."""
+        loaders = self.weight_loaders()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # some tied checkpoints store the shared matrix twice
+            loader = loaders.get(name)
+            if loader is None:
+                raise ValueError(f"checkpoint tensor {name!r} does not belong to this model")
+            try:
+                loader(tensor)
+            except ValueError as e:
+                raise ValueError(f"checkpoint tensor {name!r} {e}") from None
+            loaded.add(name)
+        missing = [n for n in loaders if n not in loaded]
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(f"checkpoint is missing {len(missing)} weights: {shown}")
+
+    def expected_weight_names(self) -> list[str]:
+        """The checkpoint (HF) tensor names this model needs."""
+        return list(self.weight_loaders())
+
+
+def _copy_into(param: nn.Parameter):
+    def load(tensor: torch.Tensor) -> None:
+        if param.shape != tensor.shape:
+            raise ValueError(f"has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+        param.data.copy_(tensor)
+
+    return load
