@@ -16,14 +16,14 @@ import torch
 from profile_decode import decoding_engine  # benchmarks/ is on the path when run as a script
 
 
-def label_kernels(names: list[str]) -> list[str]:
-    """A role for each kernel of one step: GEMVs by their place in a layer (qkv, o_proj, gate_up,
-    down, in launch order; the step's last one is the LM head), attention by kernel name."""
+def label_kernels(names: list[str], roles: tuple[str, ...] = ("qkv", "o_proj", "gate_up", "down")) -> list[str]:
+    """A role for each kernel of one step: GEMVs by their place in a layer (`roles`, in launch
+    order; the step's last one is the LM head), attention by kernel name."""
     labels = []
     gemvs_seen = 0
     for name in names:
         if "gemv" in name:
-            labels.append(["qkv", "o_proj", "gate_up", "down"][gemvs_seen % 4])
+            labels.append(roles[gemvs_seen % len(roles)])
             gemvs_seen += 1
         elif "decode_split" in name:
             labels.append("attention")
@@ -33,7 +33,7 @@ def label_kernels(names: list[str]) -> list[str]:
             labels.append(name[:40])
     # the step's last GEMV is the LM head where one GEMV is left over from the layers' four (with
     # a few rows the LM head may be cuBLAS's)
-    if gemvs_seen % 4 == 1:
+    if gemvs_seen % len(roles) == 1:
         labels[max(i for i, n in enumerate(names) if "gemv" in n)] = "lm_head"
     return labels
 
@@ -77,7 +77,10 @@ def main() -> None:
     replays.append(cur)
     per_step = max(set(len(r) for r in replays), key=[len(r) for r in replays].count)
     replays = [r for r in replays if len(r) == per_step]
-    labels = label_kernels([k[2] for k in replays[0]])
+    # an MoE layer's GEMVs are qkv, o_proj and the router (its experts run the MoE kernels)
+    moe = engine.model_config.moe is not None
+    labels = label_kernels([k[2] for k in replays[0]], ("qkv", "o_proj", "router") if moe else
+                           ("qkv", "o_proj", "gate_up", "down"))
 
     dur, adds = defaultdict(list), defaultdict(list)
     totals = []

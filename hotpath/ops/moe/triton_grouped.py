@@ -79,7 +79,10 @@ def _align_count_kernel(
     tl.debug_barrier()
     arrived = tl.atomic_add(arrived_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == tl.num_programs(0) - 1:
-        counts = tl.atomic_xchg(counts_ptr + re, 0, mask=re < E)  # read, and leave zero
+        # read at L2 (an atomic), then leave zero; a vector atomic_xchg does not compile for AMD
+        # in Triton 3.6
+        counts = tl.atomic_add(counts_ptr + re, 0, mask=re < E, sem="relaxed")
+        tl.store(counts_ptr + re, 0, mask=re < E)
         counts = tl.where(re < E, counts, 0)
         padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         span_end = tl.cumsum(padded, axis=0)
