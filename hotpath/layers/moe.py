@@ -12,8 +12,7 @@ import torch.nn as nn
 
 from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.mlp import GatedMLP
-from hotpath.layers.norm import RMSNorm
-from hotpath.ops.moe import fused_moe, fused_moe_add_residual, fuses_add_residual, route
+from hotpath.ops.moe import fused_moe, route
 
 
 class FusedExperts(nn.Module):
@@ -87,17 +86,5 @@ class SparseMoeBlock(nn.Module):
         return out
 
     def fuses(self, x: torch.Tensor) -> bool:
-        """One token, no shared expert (whose fused form is not written yet): the router and the
-        experts' kernels take the norm and the residual themselves."""
-        return self.shared_expert is None and self.gate.fuses(x) and fuses_add_residual(x)
-
-    def forward_few_rows(
-        self,
-        h: torch.Tensor,  # [1, hidden], the residual stream, updated in place
-        sumsq: torch.Tensor,  # [T, 1] fp32, h's partial sums of squares
-        norm: RMSNorm,  # the post-attention RMSNorm, applied as the router and gate_up load h
-    ) -> torch.Tensor:  # [T', 1] fp32, the new h's
-        """h += moe(norm(h)): the router's GEMV, the routing and the experts' two launches."""
-        rms = (sumsq, norm.weight, norm.eps)
-        topk_weights, topk_ids = route(self.gate(h, rms=rms), self.top_k, self.norm_topk_prob)
-        return fused_moe_add_residual(h, rms, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
+        """No fused few-rows form yet: a model with MoE layers runs its decode unfused."""
+        return False

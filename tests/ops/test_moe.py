@@ -413,47 +413,10 @@ def test_kernels_compile(compiled, target):
     assert not errors, errors
     kernels = {label.rsplit("/", 1)[1] for label in results}
     assert kernels == {"_route_kernel", "_align_count_kernel", "_align_place_kernel", "_grouped_gemm_kernel",
-                       "_decode_gate_up_kernel", "_decode_down_kernel", "_one_token_down_kernel"}
+                       "_decode_gate_up_kernel", "_decode_down_kernel"}
 
 
 # ---- GPU: bf16 at real shapes, CUDA graphs ------------------------------------------------------
-
-def residual_inputs(E, H, I, top_k, dtype, device, seed):
-    """A residual row, its statistic split into 3 partial sums (as a GEMV epilogue leaves it), an
-    RMSNorm weight, and the experts and routing of moe_inputs."""
-    x, w13, w2, weights, ids = moe_inputs(1, E, H, I, top_k, dtype, device, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    norm_w = (1 + 0.1 * torch.randn(H, generator=g)).to(device, dtype)
-    parts = x.float().pow(2).reshape(1, 3, -1).sum(-1).T.contiguous() if H % 3 == 0 else None
-    if parts is None:
-        parts = torch.stack([x.float().pow(2).sum(-1), torch.zeros(1, device=device)])
-    return x, (parts, norm_w, 1e-6), w13, w2, weights, ids
-
-
-@pytest.mark.parametrize("tiles", ["default", "small"])
-@pytest.mark.parametrize("E,top_k", [(5, 2), (7, 3)])
-def test_interpreter_fused_moe_add_residual(E, top_k, tiles, interpreter, poisoned):
-    """The sparse block's fused decode form: h += moe(rmsnorm(h)) with the norm applied from
-    partial sums of squares as gate_up loads h, the residual add and the next statistic in the
-    down kernel's epilogue; against the reference form, and the statistic against h's."""
-    from hotpath.ops.moe import triton_decode
-
-    h, rms, w13, w2, weights, ids = residual_inputs(E, 96, 48, top_k, torch.float32, "cpu", seed=E)
-    from hotpath.ops.linear import reference as linear_reference
-
-    want_h = h.clone()
-    x = linear_reference.rms_normalize(want_h, *rms)
-    linear_reference.add_residual(reference.fused_moe(x, w13, w2, weights, ids), want_h)
-    (gu_cfg, down_cfg), _ = small_configs(1)
-    if tiles == "default":
-        gu_cfg = down_cfg = None
-    got_h = h.clone()
-    stat = triton_decode.fused_moe_add_residual(got_h, rms, w13, w2, weights, ids, gu_cfg, down_cfg)
-    assert rel_err(got_h, want_h) < TOL[torch.float32]
-    assert stat.shape[1] == 1 and stat.shape[0] > 1  # one partial sum per N tile
-    torch.testing.assert_close(stat.sum(0), got_h.float().pow(2).sum(-1), rtol=1e-5, atol=0)
-    assert moe.fuses_add_residual(h) and not moe.fuses_add_residual(torch.cat([h, h]))
-
 
 REAL_SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8), "qwen3-235b-a22b": (128, 4096, 1536, 8)}
 
@@ -471,23 +434,6 @@ def test_cuda_fused_moe_bf16(shape, T, gpu_triton, poisoned):
     assert rel_err(out, fp32_reference(x, w13, w2, weights, ids)) < TOL[torch.bfloat16]
     # and close to the bf16 reference, which rounds where the kernels round
     assert rel_err(out, reference.fused_moe(x, w13, w2, weights, ids)) < 2e-3
-
-
-@cuda
-@pytest.mark.parametrize("shape", list(REAL_SHAPES))
-def test_cuda_fused_moe_add_residual_bf16(shape, gpu_triton, poisoned):
-    """The one-token fused form at real shapes in bf16, against the reference form."""
-    from hotpath.ops.linear import reference as linear_reference
-
-    E, H, I, top_k = REAL_SHAPES[shape]
-    h, rms, w13, w2, weights, ids = residual_inputs(E, H, I, top_k, torch.bfloat16, "cuda", seed=3)
-    want_h = h.clone()
-    x = linear_reference.rms_normalize(want_h, *rms)
-    linear_reference.add_residual(reference.fused_moe(x, w13, w2, weights, ids), want_h)
-    got_h = h.clone()
-    stat = moe.fused_moe_add_residual(got_h, rms, w13, w2, weights, ids)
-    assert rel_err(got_h, want_h) < 2e-3
-    torch.testing.assert_close(stat.sum(0), got_h.float().pow(2).sum(-1), rtol=1e-4, atol=0)
 
 
 @cuda

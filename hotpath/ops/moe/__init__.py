@@ -15,8 +15,6 @@ from __future__ import annotations
 import torch
 
 from hotpath.ops import backend
-from hotpath.ops.linear import reference as linear_reference
-from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.moe import reference
 
 # Token counts up to this run the decode kernels (each distinct expert's weights read once, every
@@ -61,28 +59,4 @@ def fused_moe(
     return reference.fused_moe(x, w13, w2, topk_weights, topk_ids)
 
 
-def fuses_add_residual(x: torch.Tensor) -> bool:
-    """Whether fused_moe_add_residual runs as kernels (two launches) for input `x`: one token."""
-    return x.shape[0] == 1 and backend.use_triton(x)
-
-
-def fused_moe_add_residual(
-    residual: torch.Tensor,  # [1, H], the residual stream, updated in place
-    rms: RmsInput,  # residual's partial sums of squares [T, 1], the RMSNorm's weight and eps
-    w13: torch.Tensor,  # [E, 2 * I, H]
-    w2: torch.Tensor,  # [E, H, I]
-    topk_weights: torch.Tensor,  # [1, k] fp32
-    topk_ids: torch.Tensor,  # [1, k] int32
-) -> torch.Tensor:  # [T', 1] fp32, partial sums of squares of the new residual row
-    """residual += fused_moe(RMSNorm(residual)) for one token, the norm applied from the statistic
-    the previous projection gathered, and the next norm's statistic returned: the sparse block's
-    form in the fused decode chain (see hotpath.ops.linear.linear_add_residual)."""
-    if fuses_add_residual(residual):
-        from hotpath.ops.moe import triton_decode
-
-        return triton_decode.fused_moe_add_residual(residual, rms, w13, w2, topk_weights, topk_ids)
-    x = linear_reference.rms_normalize(residual, *rms)
-    return linear_reference.add_residual(reference.fused_moe(x, w13, w2, topk_weights, topk_ids), residual)
-
-
-__all__ = ["FEW_TOKENS", "fused_moe", "fused_moe_add_residual", "fuses_add_residual", "route"]
+__all__ = ["FEW_TOKENS", "fused_moe", "route"]

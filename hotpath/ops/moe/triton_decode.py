@@ -19,14 +19,8 @@ streams over the routed experts' weights, spread over many programs:
   rows of tokens not routed to the expert masked out;
 - gate_up: the program's rows are pairs (gate row f, up row f), so it forms silu(gate) * up
   itself and stores each routed token's row of the intermediate [T * k, I] (a row per pair);
-- down, one token: a program owns an N tile of the output and loops over the token's k experts
-  itself, summing their rounded, weighted terms in slot order (`_one_token_down_kernel`): no
-  cross-program sum, deterministic. It can also add the result into the residual stream and
-  store the next RMSNorm's statistic, and gate_up can RMS-normalise the token's row as it loads
-  it (`fused_moe_add_residual`), so that a sparse block joins the fused decode chain
-  (models/decoder.py) as the dense MLP does;
-- down, more tokens: the program stores each routed token's rounded, weighted term (as the
-  reference rounds it) into a [T * k, H] buffer, then bumps a counter per (token, N tile); the program that
+- down: the program stores each routed token's rounded, weighted term (as the reference rounds
+  it) into a [T * k, H] buffer, then bumps a counter per (token, N tile); the program that
   brings a token's counter to k (the last of its k experts to finish that tile) adds the token's
   k terms in expert-slot order, in fp32, stores the output tile and sets the counter back to
   zero. One launch, no separate reduction, and the same sum whatever order the programs run in:
@@ -48,8 +42,6 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.linear.reference import RmsInput
-from hotpath.ops.linear.triton_gemv import _dot_row, _rstd, _w_tile
 from hotpath.ops.moe import tuning
 from hotpath.ops.moe.triton_common import silu_and_mul_rounded, weighted_term
 from hotpath.ops.moe.triton_grouped import check_kernel_args
@@ -81,19 +73,6 @@ def _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T: tl.constexpr, BLOCK_J: tl.cons
     hit = tl.max(match.to(tl.int32), axis=1) > 0
     pair = tl.sum(tl.where(match, q, 0), axis=1)  # a token's experts are distinct: one match
     return expert.to(tl.int64), first == p, hit, pair
-
-
-@triton.jit
-def _row_times_token(w_rows, x_row, K, norm_w_ptr, rstd, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     NORM_INPUT: tl.constexpr):
-    """[BLOCK_N] fp32: the weight rows at w_rows ([BLOCK_N, 1] pointers) times one token's row at
-    x_row, over K, element-wise (no tensor cores, as the GEMV at one row); with NORM_INPUT the
-    row is RMS-normalised as it loads (rstd: its 1 / RMS, norm_w_ptr: the norm's weight)."""
-    acc = tl.zeros([w_rows.shape[0]], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        acc += _dot_row(_w_tile(w_rows, k0 + tl.arange(0, BLOCK_K), K, EVEN_K, "evict_first"), x_row,
-                        k0 + tl.arange(0, BLOCK_K), K, norm_w_ptr, rstd, EVEN_K, NORM_INPUT)
-    return acc
 
 
 @triton.jit
@@ -133,10 +112,6 @@ def _decode_gate_up_kernel(
     w_ptr,  # [E, 2 * I, H], H contiguous: gate rows then up rows
     ids_ptr,  # [T * top_k] int32
     out_ptr,  # [T * top_k, I]: silu(gate) * up of each pair
-    norm_w_ptr,  # [H] RMSNorm weight applied to x (NORM_INPUT)
-    stat_ptr,  # [n_stat, 1] fp32 partial sums of squares of x's row (NORM_INPUT)
-    n_stat,
-    eps,
     T,
     I,
     H,
@@ -145,7 +120,6 @@ def _decode_gate_up_kernel(
     stride_we,
     stride_wn,
     stride_ot,
-    NORM_INPUT: tl.constexpr,  # x := rms_norm(x) with the given statistic and weight (one token)
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -165,12 +139,8 @@ def _decode_gate_up_kernel(
     rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_row = tl.minimum(rv // 2, I - 1) + (rv % 2) * I
     w_rows = w_ptr + expert * stride_we + w_row.to(tl.int64)[:, None] * stride_wn
-    if NORM_INPUT:
-        rstd = tl.sum(_rstd(stat_ptr, n_stat, tl.arange(0, 1), 1, H, eps, 256))
-        acc = _row_times_token(w_rows, x_ptr, H, norm_w_ptr, rstd, BLOCK_K, EVEN_K, True)[:, None]
-    else:
-        x_rows = x_ptr + tl.arange(0, BLOCK_T).to(tl.int64)[:, None] * stride_xt
-        acc = _rows_times_tokens(w_rows, x_rows, hit, H, BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
+    x_rows = x_ptr + tl.arange(0, BLOCK_T).to(tl.int64)[:, None] * stride_xt
+    acc = _rows_times_tokens(w_rows, x_rows, hit, H, BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_T)), (0, 2, 1)))
     h = silu_and_mul_rounded(gate, up, out_ptr.dtype.element_ty)  # [BLOCK_N // 2, BLOCK_T]
     rf = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -239,53 +209,6 @@ def _decode_down_kernel(
         tl.store(counters, 0, mask=last)
 
 
-@triton.jit
-def _one_token_down_kernel(
-    h_ptr,  # [top_k, I]: the gate_up kernel's output, a row per expert slot
-    w_ptr,  # [E, H, I], I contiguous
-    ids_ptr,  # [top_k] int32
-    weights_ptr,  # [top_k] fp32
-    out_ptr,  # [1, H]; with RESIDUAL the residual stream, updated in place
-    stat_ptr,  # [n_tiles, 1] fp32: the new stream's partial sums of squares (RESIDUAL)
-    H,
-    I,
-    top_k,
-    stride_ht,
-    stride_we,
-    stride_wn,
-    RESIDUAL: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """The down projection of one token: a program owns BLOCK_N outputs and sums the token's
-    top_k experts' terms for them itself (in slot order, as the reference sums them), so there is
-    no cross-program sum; with RESIDUAL it adds the result into the residual stream and stores its
-    tile's share of the next RMSNorm's statistic, as the dense GEMV's residual epilogue does."""
-    pdl_launch_dependents(USE_PDL)
-    pdl_wait(USE_PDL)
-    pid_n = tl.program_id(0)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_rows = tl.minimum(rn, H - 1).to(tl.int64)[:, None] * stride_wn  # rows past H: never stored
-    dtype = out_ptr.dtype.element_ty
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(top_k):
-        expert = tl.load(ids_ptr + j).to(tl.int64)
-        acc = _row_times_token(w_ptr + expert * stride_we + w_rows, h_ptr + j * stride_ht, I, h_ptr,
-                               1.0, BLOCK_K, EVEN_K, False)
-        total += weighted_term(acc, tl.load(weights_ptr + j), dtype)
-    mask = rn < H
-    y = total.to(dtype)
-    if RESIDUAL:
-        new = (y.to(tl.float32) + tl.load(out_ptr + rn, mask=mask, other=0.0).to(tl.float32)).to(dtype)
-        tl.store(out_ptr + rn, new, mask=mask)
-        new_f = tl.where(mask, new.to(tl.float32), 0.0)
-        tl.store(stat_ptr + pid_n, tl.sum(new_f * new_f, axis=0))
-    else:
-        tl.store(out_ptr + rn, y, mask=mask)
-
-
 def fused_moe(
     x: torch.Tensor,  # [T, H], T <= MAX_TOKENS
     w13: torch.Tensor,  # [E, 2 * I, H]
@@ -317,20 +240,12 @@ def gate_up(
     ids: torch.Tensor,  # [T * k] int32
     top_k: int,
     cfg: tuning.DecodeConfig,
-    rms: RmsInput | None = None,
 ) -> torch.Tensor:  # [T * k, I]: silu(gate) * up of each (token, expert) pair
-    """With `rms` (one token only), of RMSNorm(x) from the partial sums of squares given."""
     T, H = x.shape
     I = w13.shape[1] // 2
     out = torch.empty((T * top_k, I), dtype=x.dtype, device=x.device)
-    if rms is not None:
-        assert T == 1, "the gate_up kernel normalises one token's row"
-        stat, norm_w, eps = rms
-    else:
-        stat, norm_w, eps = out, out, 0.0
     _decode_gate_up_kernel[(T * top_k, triton.cdiv(2 * I, cfg.block_n))](
-        x, w13, ids, out, norm_w, stat, stat.shape[0], eps, T, I, H, top_k, x.stride(0),
-        w13.stride(0), w13.stride(1), out.stride(0), NORM_INPUT=rms is not None,
+        x, w13, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
         **_launch_options(T, top_k, H, cfg, x),
     )
     return out
@@ -346,10 +261,6 @@ def down(
 ) -> torch.Tensor:  # [T, H]: each token's weighted sum over its experts
     T, I = h.shape[0] // top_k, h.shape[1]
     H = w2.shape[1]
-    if T == 1:
-        out = torch.empty((1, H), dtype=h.dtype, device=h.device)
-        _down_one_token(h, w2, ids, weights, top_k, cfg, out, None)
-        return out
     n_tiles = triton.cdiv(H, cfg.block_n)
     if T * n_tiles > MAX_COUNTERS:
         raise ValueError(f"the down kernel keeps at most {MAX_COUNTERS} (token, N tile) counters; "
@@ -362,46 +273,6 @@ def down(
         **_launch_options(T, top_k, I, cfg, h),
     )
     return out
-
-
-def fused_moe_add_residual(
-    residual: torch.Tensor,  # [1, H], updated in place
-    rms: RmsInput,  # the statistic of residual's row, and the RMSNorm before the experts
-    w13: torch.Tensor,  # [E, 2 * I, H]
-    w2: torch.Tensor,  # [E, H, I]
-    topk_weights: torch.Tensor,  # [1, k] fp32
-    topk_ids: torch.Tensor,  # [1, k] int32
-    gate_up_config: tuning.DecodeConfig | None = None,
-    down_config: tuning.DecodeConfig | None = None,
-) -> torch.Tensor:  # [n_tiles, 1] fp32: partial sums of squares of the new residual row
-    """residual += fused_moe(RMSNorm(residual)) for one token in two launches: gate_up normalises
-    the row as it loads it, down adds into the stream and stores the next norm's statistic."""
-    check_kernel_args(residual, w13, w2, topk_weights, topk_ids)
-    if residual.shape[0] != 1 or residual.stride(-1) != 1:
-        raise ValueError(f"the fused form takes one contiguous row, got {tuple(residual.shape)}")
-    E, I, H = w13.shape[0], w2.shape[2], residual.shape[1]
-    ids = topk_ids.to(torch.int32).contiguous().view(-1)  # [k]
-    weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [k]
-    top_k = ids.shape[0]
-    dtype, device = residual.dtype, residual.device
-    h = gate_up(residual, w13, ids, top_k, gate_up_config or tuning.decode_config(1, E, 2 * I, H, dtype, device),
-                rms=(rms[0].contiguous(), rms[1], rms[2]))
-    cfg = down_config or tuning.decode_config(1, E, H, I, dtype, device)
-    stat = torch.empty((triton.cdiv(H, cfg.block_n), 1), dtype=torch.float32, device=device)
-    _down_one_token(h, w2, ids, weights, top_k, cfg, residual, stat)
-    return stat
-
-
-def _down_one_token(h, w2, ids, weights, top_k: int, cfg: tuning.DecodeConfig, out: torch.Tensor,
-                    stat: torch.Tensor | None) -> None:
-    H, I = w2.shape[1], w2.shape[2]
-    use_pdl = pdl_enabled(h.device)
-    _one_token_down_kernel[(triton.cdiv(H, cfg.block_n),)](
-        h, w2, ids, weights, out, stat if stat is not None else out, H, I, top_k, h.stride(0),
-        w2.stride(0), w2.stride(1), RESIDUAL=stat is not None, EVEN_K=I % cfg.block_k == 0,
-        USE_PDL=use_pdl, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl_launch(use_pdl),
-    )
 
 
 def _launch_options(T: int, top_k: int, K: int, cfg: tuning.DecodeConfig, x: torch.Tensor) -> dict:
