@@ -1,0 +1,116 @@
+"""The Gated DeltaNet reference against HF transformers' torch fallback (the definition it
+follows), the chunked form against the recurrent one, a sequence split anywhere with its state
+carried equal to the whole, and the causal conv1d against HF's."""
+
+import pytest
+import torch
+
+from hotpath.ops.gated_delta import reference
+
+qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+
+
+def inputs(T, num_k_heads, num_v_heads, dk, dv, seed=0):
+    """Random q, k, v, and gates from random projections through the layer's formulas."""
+    g_ = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, num_k_heads, dk, generator=g_)
+    k = torch.randn(T, num_k_heads, dk, generator=g_)
+    v = torch.randn(T, num_v_heads, dv, generator=g_)
+    a, b = torch.randn(T, num_v_heads, generator=g_), torch.randn(T, num_v_heads, generator=g_)
+    A_log = torch.rand(num_v_heads, generator=g_) * 2 - 1
+    dt_bias = torch.randn(num_v_heads, generator=g_)
+    g, beta = reference.gates(a, b, A_log, dt_bias)
+    state = torch.randn(num_v_heads, dk, dv, generator=g_) * 0.5
+    return q, k, v, g, beta, state
+
+
+def hf(fn, q, k, v, g, beta, state, **kw):
+    out, final = fn(q[None], k[None], v[None], g[None], beta[None], initial_state=state[None],
+                    output_final_state=True, use_qk_l2norm_in_kernel=True, **kw)
+    return out[0], final[0]
+
+
+HEADS = [(2, 2, 16, 16), (2, 4, 16, 8), (1, 3, 8, 32)]  # (k heads, v heads, Dk, Dv): GVA 1, 2, 3
+
+
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("T", [1, 5, 64, 150])
+def test_matches_hf(T, heads):
+    q, k, v, g, beta, state = inputs(T, *heads, seed=T)
+    want_o, want_s = hf(qwen3_next.torch_recurrent_gated_delta_rule, q, k, v, g, beta, state)
+    o, s = reference.recurrent(q, k, v, g, beta, state)
+    torch.testing.assert_close(o, want_o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, want_s, rtol=1e-5, atol=1e-5)
+    want_o, want_s = hf(qwen3_next.torch_chunk_gated_delta_rule, q, k, v, g, beta, state, chunk_size=16)
+    o, s = reference.chunked(q, k, v, g, beta, state, chunk_size=16)
+    torch.testing.assert_close(o, want_o, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s, want_s, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 16, 64])
+def test_chunked_equals_recurrent(chunk_size):
+    q, k, v, g, beta, state = inputs(150, 2, 4, 32, 16, seed=3)
+    o, s = reference.chunked(q, k, v, g, beta, state, chunk_size)
+    want_o, want_s = reference.recurrent(q, k, v, g, beta, state)
+    torch.testing.assert_close(o, want_o, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s, want_s, rtol=1e-4, atol=1e-4)
+
+
+def test_split_sequence_resumes_from_its_state():
+    """Prefill in pieces that do not fall on chunk boundaries, then decode a token at a time:
+    the outputs and the final state equal one pass over the whole sequence."""
+    q, k, v, g, beta, state = inputs(140, 2, 2, 16, 16, seed=4)
+    whole_o, whole_s = reference.chunked(q, k, v, g, beta, state)
+    pieces, s = [], state
+    for a, b in [(0, 37), (37, 101), (101, 137), (137, 138), (138, 139), (139, 140)]:
+        fn = reference.recurrent if b - a == 1 else reference.chunked
+        o, s = fn(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s)
+        pieces.append(o)
+    torch.testing.assert_close(torch.cat(pieces), whole_o, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s, whole_s, rtol=1e-4, atol=1e-4)
+
+
+def test_varlen_uses_and_updates_each_slot():
+    lengths, slots = [5, 70, 1], [3, 0, 2]
+    q, k, v, g, beta, _ = inputs(sum(lengths), 2, 4, 16, 8, seed=5)
+    states = torch.randn(4, 4, 16, 8, generator=torch.Generator().manual_seed(6))
+    before = states.clone()
+    cu = [0, 5, 75, 76]
+    out = reference.gated_delta_rule(q, k, v, g, beta, cu, states, slots)
+    for i, slot in enumerate(slots):
+        sl = slice(cu[i], cu[i + 1])
+        want_o, want_s = reference.recurrent(q[sl], k[sl], v[sl], g[sl], beta[sl], before[slot])
+        torch.testing.assert_close(out[sl], want_o, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(states[slot], want_s, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(states[1], before[1], rtol=0, atol=0)  # no sequence's slot
+
+
+def test_gates_match_the_layer_formula():
+    a, b = torch.randn(7, 4), torch.randn(7, 4)
+    A_log, dt_bias = torch.randn(4), torch.randn(4)
+    g, beta = reference.gates(a, b, A_log, dt_bias)
+    torch.testing.assert_close(g, -A_log.exp() * torch.nn.functional.softplus(a + dt_bias))
+    torch.testing.assert_close(beta, torch.sigmoid(b))
+    assert (g <= 0).all()
+
+
+def test_causal_conv1d_matches_hf_and_resumes():
+    """The prefill form (zeros before the sequence) equals HF's causal_conv1d_fn; continuing from
+    the state in pieces, and a token at a time, equals the whole."""
+    C, K, T = 12, 4, 20
+    gen = torch.Generator().manual_seed(7)
+    x, weight, bias = torch.randn(T, C, generator=gen), torch.randn(C, K, generator=gen), torch.randn(C, generator=gen)
+    want = qwen3_next.causal_conv1d_fn(x.T[None], weight, bias, activation="silu")[0].T
+    y, state = reference.causal_conv1d(x, weight, bias, torch.zeros(C, K - 1))
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state, x[-(K - 1):].T)
+    pieces, s = [], torch.zeros(C, K - 1)
+    for a, b in [(0, 2), (2, 9), (9, 10), (10, 20)]:
+        out, s = reference.causal_conv1d(x[a:b], weight, bias, s)
+        pieces.append(out)
+    torch.testing.assert_close(torch.cat(pieces), want, rtol=1e-5, atol=1e-6)
+    # HF's decode-step form on the same state
+    hf_state = torch.zeros(1, C, K - 1)
+    steps = [qwen3_next.causal_conv1d_update(x[t:t + 1].T[None], hf_state, weight, bias, "silu")[0].T
+             for t in range(T)]
+    torch.testing.assert_close(torch.cat(steps), want, rtol=1e-5, atol=1e-6)
