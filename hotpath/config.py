@@ -2,16 +2,15 @@
 
 `ModelConfig` holds what the model code needs from an HF `config.json` (GGUF files are first
 converted to an HF-style directory by the loader). Parsing belongs to each architecture family
-(`CausalLM.config_from_hf` in hotpath/models, found through the registry by the `architectures`
-name): a family says which features it has, so no feature is derived from a name elsewhere. The
-fields every family shares are parsed here (`ModelConfig.common`).
+(`CausalLM.config_from_hf` in hotpath/models; `hotpath.models.registry.read_config` finds the
+family by the `architectures` name): a family says which features it has, so no feature is
+derived from a name elsewhere. The fields every family shares are parsed here
+(`ModelConfig.common`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,13 +51,6 @@ class ModelConfig:
     moe: MoeConfig | None = None
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
-        """Parsed by the family that serves cfg's architecture (a clear error if none does)."""
-        from hotpath.models.registry import config_from_hf
-
-        return config_from_hf(cfg)
-
-    @classmethod
     def common(cls, arch: str, cfg: dict[str, Any], **family: Any) -> ModelConfig:
         """The fields every family reads the same way; `family` sets the family's own
         (attention_bias, qk_norm, moe, ...)."""
@@ -93,17 +85,6 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
         )
         return cls(**{**fields, **family})
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
-        try:
-            cfg = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
-        return cls.from_dict(cfg)
 
     def default_dtype(self, device: torch.device) -> torch.dtype:
         """dtype="auto": the checkpoint's dtype on GPUs (fp32 checkpoints run in bf16 there, as

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import torch
 
-from hotpath.config import EngineConfig, ModelConfig
+from hotpath.config import EngineConfig
 from hotpath.engine.args import EngineArgs
 from hotpath.engine.detokenizer import detokenize_step
 from hotpath.engine.kv_cache import KVCacheManager
 from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
+from hotpath.models.registry import read_config
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
 from hotpath.runner.model_runner import LaunchedStep, ModelRunner, SampledToken, is_plain_greedy
 from hotpath.sampling_params import SamplingParams
@@ -60,7 +61,7 @@ class Engine:
         self.device = _resolve_device(args.device)
         model_dir = resolve_model_dir(args.model)
         self.model_dir = model_dir
-        self.model_config = ModelConfig.from_pretrained(model_dir)
+        self.model_config = read_config(model_dir)
         self.dtype = self._resolve_dtype(args.dtype)
         self.tokenizer = None if args.skip_tokenizer_init else _load_tokenizer(args.tokenizer or model_dir)
         max_positions = self.model_config.max_position_embeddings

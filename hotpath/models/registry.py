@@ -3,6 +3,8 @@ config parsing that class owns."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from hotpath.config import ModelConfig
@@ -42,3 +44,15 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
             f"hotpath supports {', '.join(MODEL_REGISTRY)}"
         )
     return MODEL_REGISTRY[arch].config_from_hf(arch, hf)
+
+
+def read_config(model_dir: str | Path) -> ModelConfig:
+    """ModelConfig from model_dir's config.json."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in model directory {model_dir}")
+    try:
+        hf = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    return config_from_hf(hf)

@@ -6,15 +6,14 @@ import torch
 
 from hotpath.bench.presets import PRESETS
 from hotpath.bench.roofline import decode_weight_bytes, kv_bytes_per_token, prefill_flops
-from hotpath.config import ModelConfig
-from hotpath.models.registry import get_model_class
+from hotpath.models.registry import config_from_hf, get_model_class
 
 # totals on the model cards (rounded there, hence the 1% tolerance)
 PUBLISHED_PARAMS = {"qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9}
 
 
 def meta_model(name):
-    cfg = ModelConfig.from_dict(PRESETS[name])
+    cfg = config_from_hf(PRESETS[name])
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:

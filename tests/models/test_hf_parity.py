@@ -53,7 +53,7 @@ def test_rope_tables_match_hf():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from hotpath.config import ModelConfig
+    from hotpath.models.registry import config_from_hf
     from hotpath.layers.rotary import rope_inv_freq
 
     cases = [
@@ -66,7 +66,7 @@ def test_rope_tables_match_hf():
     for scaling in cases:
         hf_cfg = LlamaConfig(hidden_size=256, num_attention_heads=2, max_position_embeddings=8192,
                              rope_scaling=scaling, rope_theta=500000.0)
-        cfg = ModelConfig.from_dict(hf_cfg.to_dict())
+        cfg = config_from_hf(hf_cfg.to_dict())
         ours, scale = rope_inv_freq(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         rope_type = cfg.rope["rope_type"]
         if rope_type == "default":

@@ -40,7 +40,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 import hotpath.ops  # noqa: E402
 from hotpath.bench.presets import PRESETS  # noqa: E402
 from hotpath.config import ModelConfig  # noqa: E402
-from hotpath.models.registry import get_model_class  # noqa: E402
+from hotpath.models.registry import config_from_hf, get_model_class  # noqa: E402
 from hotpath.ops import backend, triton_utils  # noqa: E402
 from hotpath.ops.attention import decode_splits, paged_attention, write_kv_cache  # noqa: E402
 from hotpath.ops.sampling import greedy_sample  # noqa: E402
@@ -269,7 +269,7 @@ def record(target: Target) -> list[Launch]:
     for run in RUNS:
         # two layers: the first normalises its input from the embedding's statistic, the
         # second from the first one's down_proj (a launch of its own)
-        cfg = ModelConfig.from_dict(dict(run.config, num_hidden_layers=2))
+        cfg = config_from_hf(dict(run.config, num_hidden_layers=2))
         model = _model(cfg, cfg.max_position_embeddings)
         caches = _kv_cache(run, model, target)
         for attn in model.cache_layers():
