@@ -28,6 +28,18 @@ class MoeConfig:
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
 
 
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """The Gated DeltaNet layers of a hybrid model (Qwen3-Next, Qwen3.5)."""
+
+    layers: frozenset[int]  # the layers that are linear attention; the rest are full attention
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_width: int  # the causal conv1d's kernel size
+
+
 @dataclass
 class ModelConfig:
     architecture: str
@@ -49,6 +61,9 @@ class ModelConfig:
     eos_token_id: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     moe: MoeConfig | None = None
+    linear_attention: LinearAttentionConfig | None = None
+    attn_output_gate: bool = False  # q_proj also emits a sigmoid gate on the attention output
+    zero_centred_norms: bool = False  # RMSNorm weights stored as w - 1 (normalise with 1 + w)
 
     @classmethod
     def common(cls, arch: str, cfg: dict[str, Any], **family: Any) -> ModelConfig:

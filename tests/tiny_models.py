@@ -39,6 +39,15 @@ TINY_CONFIGS = {
         shared_expert_intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
         tie_word_embeddings=False)),
+    # hybrid: three Gated DeltaNet layers, then gated full attention (partial rotary, QK-norm);
+    # zero-centred norms; the shared-expert MoE block
+    "qwen3next-hybrid": ("Qwen3NextConfig", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], tie_word_embeddings=False)),
 }
 
 

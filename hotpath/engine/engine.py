@@ -91,8 +91,14 @@ class Engine:
                 f"({capacity} tokens in {self.runner.num_blocks} blocks); lower max_model_len or "
                 "give the cache more memory"
             )
+        if self.runner.state_layers and self.config.enable_prefix_caching:
+            # a prefix hit skips tokens whose linear-attention state no slot holds
+            logger.info("prefix caching off: this model's linear-attention layers keep no state "
+                        "snapshots to resume a cached prefix from")
+            self.config.enable_prefix_caching = False
         self.kv_cache = KVCacheManager(
-            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching,
+            self.runner.num_state_slots,
         )
         self.scheduler = Scheduler(self.config, self.kv_cache)
         self.requests: dict[str, Request] = {}

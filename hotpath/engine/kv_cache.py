@@ -35,7 +35,8 @@ def _chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 num_state_slots: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -45,6 +46,9 @@ class KVCacheManager:
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
+        # a slot of linear-attention state per running sequence (hybrid models; 0: none needed)
+        self.free_state_slots: deque[int] = deque(range(num_state_slots))
+        self.needs_state_slots = num_state_slots > 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -90,6 +94,10 @@ class KVCacheManager:
         num_revived = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
         if max(num_fresh, 0) + num_revived > self.num_free_blocks:
             return False
+        if self.needs_state_slots and seq.state_slot is None:
+            if not self.free_state_slots:
+                return False
+            seq.state_slot = self.free_state_slots.popleft()
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         for block_id in cached_blocks:
             block = self.blocks[block_id]
@@ -150,3 +158,6 @@ class KVCacheManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+        if seq.state_slot is not None:  # a preempted sequence starts its state again
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = None

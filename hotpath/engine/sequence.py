@@ -40,6 +40,7 @@ class Sequence:
     num_pending_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full cached blocks
+    state_slot: int | None = None  # its linear-attention layers' state slot (hybrid models)
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first scheduling, for metrics
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None

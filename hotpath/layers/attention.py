@@ -65,7 +65,10 @@ class Attention(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """qkv projection, optional per-head QK-norm (Qwen3), RoPE, paged attention, o projection."""
+    """qkv projection, optional per-head QK-norm (Qwen3), RoPE, paged attention, o projection.
+
+    `output_gate` (Qwen3-Next, Qwen3.5): q_proj emits, per head, the query and then a gate of the
+    same size, and the attention output is multiplied by sigmoid(gate) before o_proj."""
 
     def __init__(
         self,
@@ -76,6 +79,8 @@ class SelfAttention(nn.Module):
         rotary: RotaryEmbedding,
         qkv_bias: bool,
         qk_norm_eps: float | None,  # None: no QK-norm
+        output_gate: bool = False,
+        zero_centred_norms: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -83,11 +88,14 @@ class SelfAttention(nn.Module):
         self.head_dim = head_dim
         self.q_size = num_heads * head_dim
         self.kv_size = num_kv_heads * head_dim
-        self.qkv_proj = Linear(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=qkv_bias,
+        self.output_gate = output_gate
+        q_out = 2 * self.q_size if output_gate else self.q_size
+        self.qkv_proj = Linear(hidden_size, [q_out, self.kv_size, self.kv_size], bias=qkv_bias,
                                checkpoint_names=["q_proj", "k_proj", "v_proj"])
         self.o_proj = Linear(self.q_size, [hidden_size])
-        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        norm = None if qk_norm_eps is None else (lambda: RMSNorm(head_dim, qk_norm_eps, zero_centred_norms))
+        self.q_norm = norm() if norm else None
+        self.k_norm = norm() if norm else None
         self.rotary = rotary
         self.attn = Attention(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
 
@@ -111,7 +119,13 @@ class SelfAttention(nn.Module):
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Attention from the q/k/v projections, this step's k/v written to the cache."""
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q_out = 2 * self.q_size if self.output_gate else self.q_size
+        q, k, v = qkv.split([q_out, self.kv_size, self.kv_size], dim=-1)
+        gate = None
+        if self.output_gate:  # [num_tokens, num_heads, 2 * head_dim]: each head's query, then gate
+            q, gate = q.reshape(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q = q.contiguous()
+            gate = gate.reshape(-1, self.q_size)
         q = q.reshape(-1, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -122,4 +136,5 @@ class SelfAttention(nn.Module):
         # QK-norm, RoPE and this step's k/v into the cache, fused with the attention itself for
         # decode steps on the GPU
         out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch)
-        return out.reshape(-1, self.q_size)
+        out = out.reshape(-1, self.q_size)
+        return out if gate is None else out * torch.sigmoid(gate)

@@ -1,9 +1,10 @@
 """The decoder-only transformer every supported family is built from: embedding, layers of
 (RMSNorm, self-attention, RMSNorm, MLP block) with a residual stream, final RMSNorm, LM head.
 
-A family (models/llama.py, models/qwen_moe.py) subclasses `CausalLM`: it parses its config.json
-(`config_from_hf`) and builds each layer's MLP block (`make_mlp`), dense or sparse. Everything
-else, weight loading included, is shared here.
+A family (models/llama.py, models/qwen_moe.py, models/qwen3_next.py) subclasses `CausalLM`: it
+parses its config.json (`config_from_hf`) and builds each layer's MLP block (`make_mlp`, dense or
+sparse) and, where it is not self-attention, its token mixer (`make_mixer`: a hybrid model's
+linear attention). Everything else, weight loading included, is shared here.
 
 Decode steps of a few tokens take a fused chain (`DecoderModel.forward_few_rows`) where every block
 fuses: each RMSNorm is applied as the next projection loads its input, from the sums of squares the
@@ -20,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from hotpath.config import ModelConfig
-from hotpath.layers.attention import Attention, SelfAttention
+from hotpath.layers.attention import SelfAttention
 from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import WeightLoaders
 from hotpath.layers.norm import RMSNorm
@@ -30,15 +31,20 @@ from hotpath.runner.forward_batch import ForwardBatch
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, mlp: nn.Module) -> None:
+    """RMSNorm, the token mixer (self-attention, or a hybrid model's linear attention: under the
+    checkpoint's name for it, `mixer_name`), RMSNorm, the MLP block."""
+
+    def __init__(self, cfg: ModelConfig, mixer_name: str, mixer: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, rotary,
-            qkv_bias=cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
-        )
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
+        self.mixer_name = mixer_name
+        setattr(self, mixer_name, mixer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
         self.mlp = mlp
+
+    @property
+    def mixer(self) -> nn.Module:
+        return getattr(self, self.mixer_name)
 
     def forward(
         self,
@@ -52,12 +58,12 @@ class DecoderLayer(nn.Module):
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, batch)
+        x = self.mixer(positions, x, batch)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
     def fuses(self, x: torch.Tensor) -> bool:
-        return self.self_attn.fuses(x) and self.mlp.fuses(x)
+        return self.mixer.fuses(x) and self.mlp.fuses(x)
 
     def forward_few_rows(
         self,
@@ -69,17 +75,19 @@ class DecoderLayer(nn.Module):
         """`forward` for a step of a few tokens (decode) where both blocks fuse: for a dense
         layer, four projection launches and two of attention (QK-norm and RoPE included; the
         merge of its splits), rather than ten launches."""
-        sumsq = self.self_attn.forward_few_rows(positions, h, sumsq, self.input_layernorm, batch)
+        sumsq = self.mixer.forward_few_rows(positions, h, sumsq, self.input_layernorm, batch)
         return self.mlp.forward_few_rows(h, sumsq, self.post_attention_layernorm)
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int, mlps: list[nn.Module]) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, family: CausalLM) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, max_positions, cfg.max_position_embeddings)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, mlp) for mlp in mlps)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, *family.make_mixer(cfg, rotary, i), family.make_mlp(cfg, i))
+            for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
@@ -122,8 +130,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = cfg
-        mlps = [self.make_mlp(cfg, i) for i in range(cfg.num_hidden_layers)]
-        self.model = DecoderModel(cfg, max_positions, mlps)
+        self.model = DecoderModel(cfg, max_positions, self)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -138,6 +145,15 @@ class CausalLM(nn.Module):
         """Layer `layer`'s MLP block."""
         raise NotImplementedError
 
+    def make_mixer(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> tuple[str, nn.Module]:
+        """Layer `layer`'s token mixer and its checkpoint name: self-attention unless a family
+        says otherwise."""
+        return "self_attn", SelfAttention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, rotary,
+            qkv_bias=cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
+            output_gate=cfg.attn_output_gate, zero_centred_norms=cfg.zero_centred_norms,
+        )
+
     # ---- the runner's contract ----------------------------------------------------------------
     def forward(
         self,
@@ -150,7 +166,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, vocab] fp32
         return self.lm_head(hidden)
 
-    def cache_layers(self) -> list[Attention]:
+    def cache_layers(self) -> list[nn.Module]:
         """The layers that keep a per-sequence cache, in order (each has cache_spec/bind_cache)."""
         return [m for m in self.modules() if hasattr(m, "cache_spec")]
 

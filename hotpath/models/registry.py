@@ -10,17 +10,19 @@ from typing import Any
 from hotpath.config import ModelConfig
 from hotpath.models.decoder import CausalLM
 from hotpath.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from hotpath.models.qwen3_next import Qwen3NextForCausalLM
 from hotpath.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     cls.__name__: cls
     for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM,
-                Qwen3MoeForCausalLM)
+                Qwen3MoeForCausalLM, Qwen3NextForCausalLM)
 }
 
 # config.json files without "architectures" name their model_type only
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                "qwen3_next": "Qwen3NextForCausalLM"}
 
 
 def get_model_class(architecture: str) -> type[CausalLM]:

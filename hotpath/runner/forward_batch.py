@@ -29,6 +29,8 @@ class ForwardBatch:
     max_context_len: int
     # (tokens of the decode part, decode part, prefill part): mixed steps only, see above
     split: tuple[int, ForwardBatch, ForwardBatch] | None = None
+    # [num_seqs] int64, each sequence's state slot in the linear-attention layers (hybrid models)
+    state_slots: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

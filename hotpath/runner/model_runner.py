@@ -20,6 +20,7 @@ import torch
 
 from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.sequence import Sequence
+from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
 from hotpath.loader.model_loader import load_model
 from hotpath.ops.attention import DECODE_MAX_QUERY_LEN, decode_splits
 from hotpath.ops.backend import use_triton
@@ -115,21 +116,30 @@ class ModelRunner:
             model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed
         )
         self.block_size = engine_config.block_size
+        layers = self.model.cache_layers()
+        self.kv_layers = [layer for layer in layers if isinstance(layer.cache_spec(), KVCacheSpec)]
+        self.state_layers = [layer for layer in layers if isinstance(layer.cache_spec(), StateCacheSpec)]
+        # a state slot per sequence the scheduler may run at once, each freed when its sequence
+        # finishes or is preempted (hybrid models; none otherwise)
+        self.num_state_slots = engine_config.max_num_seqs if self.state_layers else 0
+        for layer in self.state_layers:
+            layer.bind_cache(layer.cache_spec().allocate(self.num_state_slots, dtype, device))
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
         self.sampler = Sampler()
         self.graphs: dict[int, tuple[Replayable, torch.Tensor]] = {}  # batch size -> (graph, logits)
         # batch size -> [(longest context, graph, logits)], ascending: graphs for short contexts
         self.short_graphs: dict[int, list[tuple[int, Replayable, torch.Tensor]]] = {}
-        # the reference ops read lengths on the host, which a graph capture cannot hold
-        if device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device)):
+        # the reference ops read lengths on the host, which a graph capture cannot hold; so do the
+        # linear-attention layers until their Triton kernels come
+        if (device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device))
+                and not self.state_layers):
             self._capture_decode_graphs()
 
     # ---- caches ---------------------------------------------------------------------------
     def _cache_bytes_per_block(self) -> int:
-        """Every cache layer's bytes for block_size tokens, from the layers' own declarations."""
-        layers = self.model.cache_layers()
-        return sum(layer.cache_spec().bytes_per_token(self.dtype) for layer in layers) * self.block_size
+        """Every attention layer's K/V bytes for block_size tokens, from the layers' declarations."""
+        return sum(layer.cache_spec().bytes_per_token(self.dtype) for layer in self.kv_layers) * self.block_size
 
     def _num_kv_blocks(self) -> int:
         ec = self.engine_config
@@ -164,7 +174,7 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         # one block more than the manager hands out: padding rows of a CUDA graph batch write there
         self.scratch_block = self.num_blocks
-        for layer in self.model.cache_layers():
+        for layer in self.kv_layers:
             layer.bind_cache(layer.cache_spec().allocate(self.num_blocks + 1, self.block_size,
                                                          self.dtype, self.device))
 
@@ -217,6 +227,7 @@ class ModelRunner:
             logits_indices=t(logits_indices, torch.int64),
             max_query_len=max(n for _, n in scheduled),
             max_context_len=max(context_lens),
+            state_slots=t([seq.state_slot for seq, _ in scheduled], torch.int64) if self.state_layers else None,
         )
         if 0 < len(few) < len(scheduled):
             batch.split = self._split_batch(batch, len(few), cu_query_lens, context_lens, scheduled)

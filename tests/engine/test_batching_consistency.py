@@ -9,7 +9,8 @@ from hotpath import LLM, SamplingParams
 LENGTHS = [5, 33, 70, 16, 48, 91]
 
 
-@pytest.fixture(scope="module", params=["qwen2-gqa4-tied", "qwen3moe-e7-top3-sparse2", "qwen2moe-shared"])
+@pytest.fixture(scope="module",
+                params=["qwen2-gqa4-tied", "qwen3moe-e7-top3-sparse2", "qwen2moe-shared", "qwen3next-hybrid"])
 def setup(request, tiny_model_factory):
     path, hf_model = tiny_model_factory(request.param)
     g = torch.Generator().manual_seed(7)
@@ -55,6 +56,10 @@ def test_prefix_cache_hits(setup, one_by_one):
     # same prompts again, plus prompts that extend a cached prompt + output
     again = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in again] == one_by_one == first
+    if llm.engine.runner.state_layers:  # a hybrid model: prefix caching is off (no state snapshots)
+        assert not llm.engine.config.enable_prefix_caching
+        assert llm.engine.kv_cache.prefix_hit_tokens == 0
+        return
     assert llm.engine.kv_cache.prefix_hit_tokens > hits_before
     assert all(o.num_cached_tokens == (len(p) - 1) // 16 * 16 for o, p in zip(again, prompts))
 
@@ -65,6 +70,7 @@ def test_preemption(setup, one_by_one):
     assert llm.engine.scheduler.num_preemptions > 0
     assert preempted == one_by_one
     assert llm.engine.kv_cache.num_free_blocks == 24  # everything freed at the end
+    assert len(llm.engine.kv_cache.free_state_slots) == llm.engine.runner.num_state_slots
 
 
 def test_preemption_with_prefix_cache_and_chunks(setup, one_by_one):

@@ -1,0 +1,116 @@
+"""The Gated DeltaNet layer of Qwen3-Next: linear attention with a per-sequence state slot.
+
+    [q k v z] = in_proj_qkvz(x), [b a] = in_proj_ba(x)    (grouped by key head in the checkpoint)
+    q, k, v   = silu(causal_conv1d([q k v]))               depthwise, kernel 4, rolling state
+    g, beta   = -exp(A_log) * softplus(a + dt_bias), sigmoid(b)
+    o         = gated_delta_rule(q, k, v, g, beta)         from the sequence's recurrent state
+    out       = out_proj(rmsnorm(o) * silu(z))             the norm per value head
+
+Each sequence's conv and recurrent states live in its slot of the layer's state pool (declared by
+`cache_spec`, bound by the runner; `ForwardBatch.state_slots` names a step's slots). A sequence
+whose step starts at position 0 starts from zero states; otherwise it continues from its slot, so
+chunked prefill and decoding resume where the last step left off. The arithmetic is the torch
+reference (hotpath/ops/gated_delta) for now, one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hotpath.layers.cache import StateCacheSpec
+from hotpath.layers.linear import Linear
+from hotpath.ops.gated_delta import reference
+from hotpath.runner.forward_batch import ForwardBatch
+
+
+class GatedRMSNorm(nn.Module):
+    """rmsnorm(x) * weight * silu(gate), per value head (the weight is not zero-centred)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        k_head_dim: int,
+        v_head_dim: int,
+        conv_width: int,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"{num_v_heads} value heads do not share {num_k_heads} key heads evenly")
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.k_head_dim, self.v_head_dim = k_head_dim, v_head_dim
+        self.key_dim, self.value_dim = num_k_heads * k_head_dim, num_v_heads * v_head_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_width = conv_width
+        self.in_proj_qkvz = Linear(hidden_size, [2 * self.key_dim + 2 * self.value_dim])
+        self.in_proj_ba = Linear(hidden_size, [2 * num_v_heads])
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.empty(self.conv_dim, 1, conv_width), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(num_v_heads), requires_grad=False)
+        self.A_log = nn.Parameter(torch.empty(num_v_heads), requires_grad=False)
+        self.norm = GatedRMSNorm(v_head_dim, eps)
+        self.out_proj = Linear(self.value_dim, [hidden_size])
+        # (conv states [slots, conv_dim, conv_width - 1], recurrent states [slots, Hv, Dk, Dv] fp32)
+        self.state: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def cache_spec(self) -> StateCacheSpec:
+        return StateCacheSpec(self.conv_dim, self.conv_width, self.num_v_heads, self.k_head_dim,
+                              self.v_head_dim)
+
+    def bind_cache(self, cache: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.state = cache
+
+    def fuses(self, x: torch.Tensor) -> bool:
+        return False  # no fused decode form yet
+
+    def _split(self, qkvz: torch.Tensor, ba: torch.Tensor):
+        """The checkpoint's projections are grouped by key head: per key head, its q, k, then the
+        v and z of the value heads it serves; b and a likewise. -> q, k [T, Hk, Dk], v, z
+        [T, Hv, Dv], b, a [T, Hv]."""
+        T, hk = qkvz.shape[0], self.num_k_heads
+        per = self.num_v_heads // hk
+        q, k, v, z = qkvz.view(T, hk, -1).split(
+            [self.k_head_dim, self.k_head_dim, per * self.v_head_dim, per * self.v_head_dim], dim=-1)
+        b, a = ba.view(T, hk, 2 * per).split([per, per], dim=-1)
+        return (q, k, v.reshape(T, self.num_v_heads, self.v_head_dim),
+                z.reshape(T, self.num_v_heads, self.v_head_dim), b.reshape(T, -1), a.reshape(T, -1))
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        assert self.state is not None and batch.state_slots is not None, "no state slots bound"
+        conv_states, states = self.state
+        q, k, v, z, b, a = self._split(self.in_proj_qkvz(x), self.in_proj_ba(x))
+        T = x.shape[0]
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)  # [T, conv_dim]
+        g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
+        weight = self.conv1d.weight[:, 0, :]  # [conv_dim, conv_width]
+        out = torch.empty_like(v)
+        cu = batch.cu_query_lens.tolist()
+        starts = [c - (cu[i + 1] - cu[i]) for i, c in enumerate(batch.context_lens.tolist())]
+        for i, slot in enumerate(batch.state_slots.tolist()):
+            sl = slice(cu[i], cu[i + 1])
+            if starts[i] == 0:  # a sequence's first step: nothing before it
+                conv_states[slot].zero_()
+                states[slot].zero_()
+            seq, conv_states[slot] = reference.causal_conv1d(mixed[sl], weight, None, conv_states[slot])
+            sq, sk, sv = seq.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            n = sq.shape[0]
+            out[sl], states[slot] = reference.chunked(
+                sq.reshape(n, self.num_k_heads, self.k_head_dim), sk.reshape(n, self.num_k_heads, self.k_head_dim),
+                sv.reshape(n, self.num_v_heads, self.v_head_dim), g[sl], beta[sl], states[slot])
+        return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
