@@ -48,6 +48,20 @@ TINY_CONFIGS = {
         norm_topk_prob=True, linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
         layer_types=["linear_attention"] * 3 + ["full_attention"], tie_word_embeddings=False)),
+    # Qwen3.5: the flat in_proj_qkv / z / b / a layout, mRoPE; dense, MoE, and the released
+    # image-text checkpoint (text model under model.language_model, a vision tower to skip)
+    "qwen3_5-dense": ("Qwen3_5TextConfig", dict(_QWEN3_5 := dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention"] * 2, tie_word_embeddings=True))),
+    "qwen3_5-moe": ("Qwen3_5MoeTextConfig", dict(
+        _QWEN3_5, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=5,
+        num_experts_per_tok=2, tie_word_embeddings=False)),
+    "qwen3_5-image-text": ("Qwen3_5Config", dict(
+        text_config=dict(_QWEN3_5, tie_word_embeddings=False),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64),
+        model_class="Qwen3_5ForConditionalGeneration")),
 }
 
 
@@ -58,10 +72,18 @@ def make_tiny_model(name: str, out_dir: Path, vocab_size: int = 512, seed: int =
     cls_name, kwargs = TINY_CONFIGS[name]
     config_cls = getattr(transformers, cls_name)
     kwargs = dict(kwargs)
-    kwargs.setdefault("max_position_embeddings", 1024)
-    config = config_cls(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, **kwargs)
+    model_class = kwargs.pop("model_class", None)
+    text = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, max_position_embeddings=1024)
+    if "text_config" in kwargs:  # an image-text model: the text settings go to its text model
+        kwargs["text_config"] = {**text, **kwargs["text_config"]}
+        config = config_cls(**kwargs)
+    else:
+        config = config_cls(**{**text, **kwargs})
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if model_class:
+        model = getattr(transformers, model_class)(config).eval()
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
     # the default init leaves norms at 1 and biases at 0; random values make the test stricter
     with torch.no_grad():
         for pname, p in model.named_parameters():

@@ -1,10 +1,16 @@
-"""The Gated DeltaNet layer of Qwen3-Next: linear attention with a per-sequence state slot.
+"""The Gated DeltaNet layer of Qwen3-Next and Qwen3.5: linear attention with a per-sequence state
+slot.
 
-    [q k v z] = in_proj_qkvz(x), [b a] = in_proj_ba(x)    (grouped by key head in the checkpoint)
+    q k v z b a = projections of x                         (see `layout` below)
     q, k, v   = silu(causal_conv1d([q k v]))               depthwise, kernel 4, rolling state
     g, beta   = -exp(A_log) * softplus(a + dt_bias), sigmoid(b)
     o         = gated_delta_rule(q, k, v, g, beta)         from the sequence's recurrent state
     out       = out_proj(rmsnorm(o) * silu(z))             the norm per value head
+
+The two checkpoint layouts: Qwen3-Next's `in_proj_qkvz` and `in_proj_ba`, grouped by key head
+(per key head its q, k, then the v and z of the value heads it serves; b and a likewise), and
+Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, each flat, loaded here into one
+projection (one matmul for the four).
 
 Each sequence's conv and recurrent states live in its slot of the layer's state pool (declared by
 `cache_spec`, bound by the runner; `ForwardBatch.state_slots` names a step's slots). A sequence
@@ -49,8 +55,11 @@ class GatedDeltaNet(nn.Module):
         v_head_dim: int,
         conv_width: int,
         eps: float,
+        layout: str = "qwen3_next",  # or "qwen3_5"
     ) -> None:
         super().__init__()
+        if layout not in ("qwen3_next", "qwen3_5"):
+            raise ValueError(f"unknown Gated DeltaNet checkpoint layout {layout!r}")
         if num_v_heads % num_k_heads:
             raise ValueError(f"{num_v_heads} value heads do not share {num_k_heads} key heads evenly")
         self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
@@ -58,8 +67,13 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = num_k_heads * k_head_dim, num_v_heads * v_head_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_width = conv_width
-        self.in_proj_qkvz = Linear(hidden_size, [2 * self.key_dim + 2 * self.value_dim])
-        self.in_proj_ba = Linear(hidden_size, [2 * num_v_heads])
+        self.layout = layout
+        if layout == "qwen3_next":
+            self.in_proj_qkvz = Linear(hidden_size, [2 * self.key_dim + 2 * self.value_dim])
+            self.in_proj_ba = Linear(hidden_size, [2 * num_v_heads])
+        else:
+            self.in_proj = Linear(hidden_size, [self.conv_dim, self.value_dim, num_v_heads, num_v_heads],
+                                  checkpoint_names=["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
         self.conv1d = nn.Module()
         self.conv1d.weight = nn.Parameter(torch.empty(self.conv_dim, 1, conv_width), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.empty(num_v_heads), requires_grad=False)
@@ -79,10 +93,17 @@ class GatedDeltaNet(nn.Module):
     def fuses(self, x: torch.Tensor) -> bool:
         return False  # no fused decode form yet
 
-    def _split(self, qkvz: torch.Tensor, ba: torch.Tensor):
-        """The checkpoint's projections are grouped by key head: per key head, its q, k, then the
-        v and z of the value heads it serves; b and a likewise. -> q, k [T, Hk, Dk], v, z
-        [T, Hv, Dv], b, a [T, Hv]."""
+    def _project(self, x: torch.Tensor):
+        """-> q, k [T, Hk, Dk], v, z [T, Hv, Dv], b, a [T, Hv]."""
+        if self.layout == "qwen3_5":
+            T = x.shape[0]
+            q, k, v, z, b, a = self.in_proj(x).split(
+                [self.key_dim, self.key_dim, self.value_dim, self.value_dim, self.num_v_heads,
+                 self.num_v_heads], dim=-1)
+            return (q.reshape(T, self.num_k_heads, self.k_head_dim), k.reshape(T, self.num_k_heads, self.k_head_dim),
+                    v.reshape(T, self.num_v_heads, self.v_head_dim), z.reshape(T, self.num_v_heads, self.v_head_dim),
+                    b, a)
+        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
         T, hk = qkvz.shape[0], self.num_k_heads
         per = self.num_v_heads // hk
         q, k, v, z = qkvz.view(T, hk, -1).split(
@@ -94,7 +115,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         assert self.state is not None and batch.state_slots is not None, "no state slots bound"
         conv_states, states = self.state
-        q, k, v, z, b, a = self._split(self.in_proj_qkvz(x), self.in_proj_ba(x))
+        q, k, v, z, b, a = self._project(x)
         T = x.shape[0]
         mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)  # [T, conv_dim]
         g, beta = reference.gates(a, b, self.A_log, self.dt_bias)

@@ -145,6 +145,11 @@ class CausalLM(nn.Module):
         """Layer `layer`'s MLP block."""
         raise NotImplementedError
 
+    def checkpoint_name(self, name: str) -> str | None:
+        """The model's name for a checkpoint tensor, or None for one it does not use (a family
+        whose checkpoints nest the text model, or carry other towers, maps them here)."""
+        return name
+
     def make_mixer(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> tuple[str, nn.Module]:
         """Layer `layer`'s token mixer and its checkpoint name: self-attention unless a family
         says otherwise."""
@@ -190,7 +195,8 @@ class CausalLM(nn.Module):
         loaders = self.weight_loaders()
         loaded: set[str] = set()
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
+            name = self.checkpoint_name(name)
+            if name is None or "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # some tied checkpoints store the shared matrix twice

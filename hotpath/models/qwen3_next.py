@@ -1,5 +1,13 @@
-"""Qwen3-Next: a hybrid of Gated DeltaNet (linear attention, layers/gated_delta.py) and gated full
-attention, with the shared-expert MoE block of Qwen2-MoE.
+"""The Qwen hybrid family: Qwen3-Next and Qwen3.5, Gated DeltaNet (linear attention,
+layers/gated_delta.py) interleaved with gated full attention; Qwen3-Next and the Qwen3.5 MoE
+models with the shared-expert MoE block of Qwen2-MoE, the dense Qwen3.5 models with a gated MLP.
+
+The released Qwen3.5 checkpoints are the multimodal `Qwen3_5ForConditionalGeneration` /
+`Qwen3_5MoeForConditionalGeneration`: their text model is served (its config under `text_config`,
+its weights under `model.language_model.`); the vision tower's weights are skipped, and so is the
+multi-token-prediction head (`mtp.`), each with one log line. Qwen3.5 rotates positions with
+mRoPE, whose three position ids are equal for text: its frequencies then recompose into plain
+RoPE, so text is served with 1-D RoPE (the HF parity test is the check).
 
 Its layers follow `layer_types` (or every `full_attention_interval`-th layer is full attention, the
 rest linear). The full-attention layers emit a sigmoid gate on their output from q_proj, rotate a
@@ -9,15 +17,19 @@ linear attention's gated one is zero-centred (the checkpoint stores w - 1).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch.nn as nn
 
 from hotpath.config import LinearAttentionConfig, ModelConfig
 from hotpath.layers.gated_delta import GatedDeltaNet
+from hotpath.layers.mlp import GatedMLP
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.models.decoder import CausalLM
 from hotpath.models.qwen_moe import Qwen3MoeForCausalLM, moe_config
+
+logger = logging.getLogger("hotpath")
 
 
 def linear_attention_config(hf: dict[str, Any]) -> LinearAttentionConfig:
@@ -39,20 +51,80 @@ def linear_attention_config(hf: dict[str, Any]) -> LinearAttentionConfig:
     )
 
 
+def hybrid_config(arch: str, hf: dict[str, Any], moe: bool) -> ModelConfig:
+    cfg = ModelConfig.common(
+        arch, hf, qk_norm=True, attn_output_gate=True, zero_centred_norms=True,
+        moe=moe_config(hf, shared_expert=True, norm_topk_prob=True) if moe else None,
+        linear_attention=linear_attention_config(hf),
+    )
+    if "partial_rotary_factor" in hf:  # published config.json files keep it at the top level
+        cfg.rope.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    return cfg
+
+
 class Qwen3NextForCausalLM(Qwen3MoeForCausalLM):
+    LAYOUT = "qwen3_next"  # the Gated DeltaNet projections' checkpoint layout
+
     @classmethod
     def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
-        cfg = ModelConfig.common(
-            arch, hf, qk_norm=True, attn_output_gate=True, zero_centred_norms=True,
-            moe=moe_config(hf, shared_expert=True), linear_attention=linear_attention_config(hf),
-        )
-        if "partial_rotary_factor" in hf:  # published config.json files keep it at the top level
-            cfg.rope.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
-        return cfg
+        return hybrid_config(arch, hf, moe=True)
 
     def make_mixer(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> tuple[str, nn.Module]:
         lin = cfg.linear_attention
         if layer not in lin.layers:
             return super().make_mixer(cfg, rotary, layer)
         return "linear_attn", GatedDeltaNet(cfg.hidden_size, lin.num_k_heads, lin.num_v_heads,
-                                            lin.k_head_dim, lin.v_head_dim, lin.conv_width, cfg.rms_norm_eps)
+                                            lin.k_head_dim, lin.v_head_dim, lin.conv_width, cfg.rms_norm_eps,
+                                            layout=self.LAYOUT)
+
+
+class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
+    """Its router always renormalises the top-k weights (its config has no norm_topk_prob)."""
+
+    LAYOUT = "qwen3_5"
+
+
+class Qwen3_5ForCausalLM(Qwen3_5MoeForCausalLM):
+    @classmethod
+    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
+        return hybrid_config(arch, hf, moe=False)
+
+    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+
+class _MultimodalCheckpoint:
+    """The text model of a Qwen3.5 image-text checkpoint (see the module docstring)."""
+
+    _SKIPPED = {"model.visual.": "vision tower", "mtp.": "multi-token-prediction head"}
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__(cfg, max_positions)
+        self.skipped_logged: set[str] = set()
+
+    @classmethod
+    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
+        text = dict(hf.get("text_config") or {})
+        if not text:
+            raise ValueError(f"{arch} config.json has no text_config")
+        for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+            if key in hf and key not in text:
+                text[key] = hf[key]
+        return super().config_from_hf(arch, text)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        for prefix, what in self._SKIPPED.items():
+            if name.startswith(prefix):
+                if prefix not in self.skipped_logged:
+                    self.skipped_logged.add(prefix)
+                    logger.info("skipping the checkpoint's %s weights (%s*): not served yet", what, prefix)
+                return None
+        return name.replace("model.language_model.", "model.", 1)
+
+
+class Qwen3_5ForConditionalGeneration(_MultimodalCheckpoint, Qwen3_5ForCausalLM):
+    pass
+
+
+class Qwen3_5MoeForConditionalGeneration(_MultimodalCheckpoint, Qwen3_5MoeForCausalLM):
+    pass

@@ -18,7 +18,8 @@ from hotpath.layers.moe import SparseMoeBlock
 from hotpath.models.decoder import CausalLM
 
 
-def moe_config(hf: dict[str, Any], shared_expert: bool) -> MoeConfig:
+def moe_config(hf: dict[str, Any], shared_expert: bool, norm_topk_prob: bool = False) -> MoeConfig:
+    """`norm_topk_prob`: its value where config.json does not say (HF's default for the family)."""
     num_layers = hf["num_hidden_layers"]
     # transformers 5 writes num_local_experts where published checkpoints say num_experts
     num_experts = hf.get("num_experts", hf.get("num_local_experts"))
@@ -35,7 +36,7 @@ def moe_config(hf: dict[str, Any], shared_expert: bool) -> MoeConfig:
         num_experts=num_experts,
         top_k=top_k,
         intermediate_size=hf["moe_intermediate_size"],
-        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", norm_topk_prob)),
         sparse_layers=sparse,
         shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 0) if shared_expert else 0,
     )

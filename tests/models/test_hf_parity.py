@@ -37,7 +37,7 @@ def check_against_hf(hf_model, prompt: list[int], out_ids: list[int], out_logpro
 def test_greedy_matches_hf(name, tiny_model_factory):
     path, hf_model = tiny_model_factory(name)
     llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512)
-    prompts = random_prompts(hf_model.config.vocab_size, [1, 7, 16, 17, 45])
+    prompts = random_prompts(hf_model.config.get_text_config().vocab_size, [1, 7, 16, 17, 45])
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, out in zip(prompts, outputs):
