@@ -16,7 +16,8 @@ Each sequence's conv and recurrent states live in its slot of the layer's state 
 `cache_spec`, bound by the runner; `ForwardBatch.state_slots` names a step's slots). A sequence
 whose step starts at position 0 starts from zero states; otherwise it continues from its slot, so
 chunked prefill and decoding resume where the last step left off. The arithmetic is the torch
-reference (hotpath/ops/gated_delta) for now, one sequence at a time.
+reference (hotpath/ops/gated_delta), one sequence at a time, except decode steps (one token per
+sequence), which run the decode step's kernels on the GPU: two launches for all sequences.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from hotpath.layers.cache import StateCacheSpec
 from hotpath.layers.linear import Linear
-from hotpath.ops.gated_delta import reference
+from hotpath.ops.gated_delta import decode_step, reference
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -118,8 +119,12 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z, b, a = self._project(x)
         T = x.shape[0]
         mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)  # [T, conv_dim]
-        g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
         weight = self.conv1d.weight[:, 0, :]  # [conv_dim, conv_width]
+        if batch.max_query_len == 1:  # decode: every sequence one token, all at once
+            out = decode_step(mixed, weight, conv_states, a, b, self.A_log, self.dt_bias, states,
+                              batch.state_slots, batch.context_lens, self.num_k_heads)
+            return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
+        g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
         out = torch.empty_like(v)
         cu = batch.cu_query_lens.tolist()
         starts = [c - (cu[i + 1] - cu[i]) for i, c in enumerate(batch.context_lens.tolist())]

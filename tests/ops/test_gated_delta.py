@@ -114,3 +114,40 @@ def test_causal_conv1d_matches_hf_and_resumes():
     steps = [qwen3_next.causal_conv1d_update(x[t:t + 1].T[None], hf_state, weight, bias, "silu")[0].T
              for t in range(T)]
     torch.testing.assert_close(torch.cat(steps), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads", [(2, 4, 16, 8), (1, 1, 8, 16), (2, 2, 16, 80)])
+def test_interpreter_decode_step(heads, interpreter, poisoned):
+    """The decode step's two kernels against the reference (conv then recurrence) for 3 sequences
+    in scattered slots, one of them at its first token (its slot's stale states ignored), twice in
+    a row (the second step reads what the first wrote); other slots untouched."""
+    from hotpath.ops.gated_delta import triton_decode
+
+    hk, hv, dk, dv = heads
+    C, K, N, num_slots = 2 * hk * dk + hv * dv, 4, 3, 6
+    gen = torch.Generator().manual_seed(11)
+    weight = torch.randn(C, K, generator=gen) * 0.5
+    A_log, dt_bias = torch.rand(hv, generator=gen) - 0.5, torch.randn(hv, generator=gen)
+    conv_states = torch.randn(num_slots, C, K - 1, generator=gen)
+    states = torch.randn(num_slots, hv, dk, dv, generator=gen) * 0.5
+    slots = torch.tensor([4, 0, 2])
+    context_lens = torch.tensor([7, 1, 30], dtype=torch.int32)  # the second: its first token
+    want_conv, want_states = conv_states.clone(), states.clone()
+    want_conv[0].zero_()
+    want_states[0].zero_()
+    got_conv, got_states = conv_states.clone(), states.clone()
+    for step in range(2):
+        mixed = torch.randn(N, C, generator=gen)
+        a, b = torch.randn(N, hv, generator=gen), torch.randn(N, hv, generator=gen)
+        out = triton_decode.decode_step(mixed, weight, got_conv, a, b, A_log, dt_bias, got_states,
+                                        slots, context_lens + step, hk)
+        g, beta = reference.gates(a, b, A_log, dt_bias)
+        for i, slot in enumerate(slots.tolist()):
+            y, want_conv[slot] = reference.causal_conv1d(mixed[i:i + 1], weight, None, want_conv[slot])
+            q, k, v = y[0].split([hk * dk, hk * dk, hv * dv])
+            o, want_states[slot] = reference.recurrent(
+                q.reshape(1, hk, dk), k.reshape(1, hk, dk), v.reshape(1, hv, dv), g[i:i + 1],
+                beta[i:i + 1], want_states[slot])
+            torch.testing.assert_close(out[i], o[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_conv, want_conv, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_states, want_states, rtol=1e-5, atol=1e-5)

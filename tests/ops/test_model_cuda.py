@@ -26,7 +26,7 @@ def greedy(path, prompts, ops_backend, enforce_eager):
 @cuda
 @pytest.mark.parametrize("enforce_eager", [False, True])
 @pytest.mark.parametrize("name", ["qwen3-gqa8-untied-hd", "llama-gqa4-tied-hd", "qwen3moe-e7-top3-sparse2",
-                                  "qwen2moe-shared"])
+                                  "qwen2moe-shared", "qwen3next-hybrid"])
 def test_triton_ops_match_reference_ops(name, enforce_eager, tiny_model_factory):
     path, hf_model = tiny_model_factory(name)
     g = torch.Generator().manual_seed(3)

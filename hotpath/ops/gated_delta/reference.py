@@ -146,3 +146,33 @@ def causal_conv1d(
     full = torch.cat([conv_state.to(weight.dtype), x.to(weight.dtype).T], dim=1)  # [C, K - 1 + T]
     y = F.conv1d(full[None], weight[:, None, :], bias, groups=weight.shape[0])[0]  # [C, T]
     return F.silu(y).T.to(x.dtype), full[:, full.shape[1] - (width - 1):].to(conv_state.dtype)
+
+
+def decode_step(
+    mixed: torch.Tensor,  # [N, conv_dim] pre-conv [q | k | v], one token per sequence
+    conv_weight: torch.Tensor,  # [conv_dim, K]
+    conv_states: torch.Tensor,  # [num_slots, conv_dim, K - 1], updated in place
+    a: torch.Tensor,  # [N, Hv]
+    b: torch.Tensor,  # [N, Hv]
+    A_log: torch.Tensor,  # [Hv]
+    dt_bias: torch.Tensor,  # [Hv]
+    states: torch.Tensor,  # [num_slots, Hv, Dk, Dv] fp32, updated in place
+    slots: torch.Tensor,  # [N] int64
+    context_lens: torch.Tensor,  # [N] int32; 1: the sequence's first token (zero states)
+    num_k_heads: int,
+) -> torch.Tensor:  # [N, Hv, Dv] in mixed's dtype
+    """One token of each of N sequences through the conv and the recurrence, from and back into
+    their slots: the layer's decode step."""
+    _, num_v_heads, dk, dv = states.shape
+    g, beta = gates(a, b, A_log, dt_bias)
+    out = torch.empty((mixed.shape[0], num_v_heads, dv), dtype=mixed.dtype, device=mixed.device)
+    for i, (slot, ctx) in enumerate(zip(slots.tolist(), context_lens.tolist())):
+        if ctx == 1:
+            conv_states[slot].zero_()
+            states[slot].zero_()
+        y, conv_states[slot] = causal_conv1d(mixed[i:i + 1], conv_weight, None, conv_states[slot])
+        q, k, v = y[0].split([num_k_heads * dk, num_k_heads * dk, num_v_heads * dv])
+        o, states[slot] = recurrent(q.reshape(1, num_k_heads, dk), k.reshape(1, num_k_heads, dk),
+                                    v.reshape(1, num_v_heads, dv), g[i:i + 1], beta[i:i + 1], states[slot])
+        out[i] = o[0]
+    return out
