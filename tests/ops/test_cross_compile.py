@@ -43,6 +43,7 @@ from hotpath.config import ModelConfig  # noqa: E402
 from hotpath.models.registry import config_from_hf, get_model_class  # noqa: E402
 from hotpath.ops import backend, triton_utils  # noqa: E402
 from hotpath.ops.attention import decode_splits, paged_attention, write_kv_cache  # noqa: E402
+from hotpath.ops.gated_delta import decode_step  # noqa: E402
 from hotpath.ops.sampling import greedy_sample  # noqa: E402
 from hotpath.runner.decode_inputs import DecodeInputs  # noqa: E402
 from hotpath.runner.forward_batch import ForwardBatch  # noqa: E402
@@ -251,6 +252,17 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
     batch = _batch([1], [1000], max_len)
     paged_attention(q, k_cache, v_cache, batch.cu_query_lens, batch.context_lens, batch.block_tables,
                     cfg.head_dim**-0.5, 1, max_len)
+    # the hybrid models' Gated DeltaNet decode step, at Qwen3-Next-80B's linear-attention shape
+    # (16 key heads, 32 value heads of 128; their layers are not in these runs' models), 64 rows
+    hk, hv, d, width, rows, slots = 16, 32, 128, 4, 64, 256
+    conv_dim = 2 * hk * d + hv * d
+    decode_step(torch.empty(rows, conv_dim, dtype=torch.bfloat16, device=META),
+                torch.empty(conv_dim, width, dtype=torch.bfloat16, device=META),
+                torch.empty(slots, conv_dim, width - 1, dtype=torch.bfloat16, device=META),
+                *[torch.empty(rows, hv, dtype=torch.bfloat16, device=META)] * 2,
+                *[torch.empty(hv, dtype=torch.bfloat16, device=META)] * 2,
+                torch.empty(slots, hv, d, d, dtype=torch.float32, device=META),
+                torch.empty(rows, dtype=torch.int64, device=META), _ints([5] * rows, torch.int32), hk)
 
 
 def _key(value) -> object:
