@@ -107,7 +107,9 @@ class _MultimodalCheckpoint:
         text = dict(hf.get("text_config") or {})
         if not text:
             raise ValueError(f"{arch} config.json has no text_config")
-        for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+        if "tie_word_embeddings" in hf:  # the composite model's setting, which HF's tying follows
+            text["tie_word_embeddings"] = hf["tie_word_embeddings"]
+        for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
             if key in hf and key not in text:
                 text[key] = hf[key]
         return super().config_from_hf(arch, text)
