@@ -18,6 +18,17 @@ _QWEN3_MOE = dict(
     num_key_value_heads=4, tie_word_embeddings=False,
 )
 
+# the hybrids: Gated DeltaNet (16 key heads, 32 value heads of 128) in three of every four layers,
+# gated attention (16 heads of 256 over 2 KV heads, a quarter rotated) in the fourth
+_HYBRID = dict(
+    head_dim=256, num_attention_heads=16, num_key_value_heads=2, linear_num_key_heads=16,
+    linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4, full_attention_interval=4, partial_rotary_factor=0.25,
+    rope_theta=10000000.0, rms_norm_eps=1e-6, max_position_embeddings=262144, torch_dtype="bfloat16",
+    hidden_act="silu", tie_word_embeddings=False, norm_topk_prob=True, decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
+
 PRESETS: dict[str, dict] = {
     "qwen3-0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
@@ -29,6 +40,17 @@ PRESETS: dict[str, dict] = {
                           moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32),
     "qwen3-235b-a22b": dict(_QWEN3_MOE, hidden_size=4096, intermediate_size=12288,
                             moe_intermediate_size=1536, num_hidden_layers=94, num_attention_heads=64),
+    "qwen3-next-80b-a3b": dict(
+        _HYBRID, architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=151936,
+        hidden_size=2048, intermediate_size=5120, num_hidden_layers=48, num_experts=512,
+        num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        eos_token_id=151645, bos_token_id=151643),
+    # the text model of Qwen3.5-35B-A3B (Qwen3.6-35B-A3B has the same shape)
+    "qwen3.5-35b-a3b": dict(
+        _HYBRID, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text",
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_experts=256,
+        num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        intermediate_size=512),
     "qwen2.5-coder-32b": dict(
         architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=152064,
         hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,

@@ -79,11 +79,29 @@ def _expert_bytes(model: nn.Module) -> int:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
+    """K and V bytes one token takes in the cache: the full-attention layers' (a hybrid model's
+    linear-attention layers keep none)."""
+    layers = cfg.num_hidden_layers - (len(cfg.linear_attention.layers) if cfg.linear_attention else 0)
+    return 2 * layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+
+
+def state_bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """A hybrid model's linear-attention state of one sequence, every layer's (0 for others):
+    the fp32 recurrent state and the conv state. A decode step reads and writes it once."""
+    lin = cfg.linear_attention
+    if lin is None:
+        return 0
+    recurrent = lin.num_v_heads * lin.k_head_dim * lin.v_head_dim * 4
+    conv = (2 * lin.num_k_heads * lin.k_head_dim + lin.num_v_heads * lin.v_head_dim) * (lin.conv_width - 1)
+    return len(lin.layers) * (recurrent + conv * dtype.itemsize)
 
 
 def prefill_flops(cfg: ModelConfig, active_params: int, prompt_len: int) -> float:
-    """2 * params * tokens for the matmuls + causal attention (QK^T and PV, half the square)."""
-    attn = 2 * 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * prompt_len**2 / 2
-    return 2 * active_params * prompt_len + attn
+    """2 * params * tokens for the matmuls + causal attention in the full-attention layers (QK^T
+    and PV, half the square) + a hybrid's delta rule, counted as its recurrent form's work (per
+    token and value head: S^T k, the rank-1 update and S^T q, 6 * Dk * Dv)."""
+    lin = cfg.linear_attention
+    attn_layers = cfg.num_hidden_layers - (len(lin.layers) if lin else 0)
+    attn = 2 * 2 * attn_layers * cfg.num_attention_heads * cfg.head_dim * prompt_len**2 / 2
+    delta = len(lin.layers) * lin.num_v_heads * 6 * lin.k_head_dim * lin.v_head_dim * prompt_len if lin else 0
+    return 2 * active_params * prompt_len + attn + delta

@@ -9,7 +9,7 @@ from hotpath.bench.roofline import decode_weight_bytes, kv_bytes_per_token, pref
 from hotpath.models.registry import config_from_hf, get_model_class
 
 # totals on the model cards (rounded there, hence the 1% tolerance)
-PUBLISHED_PARAMS = {"qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9}
+PUBLISHED_PARAMS = {"qwen3-next-80b-a3b": 80e9, "qwen3.5-35b-a3b": 35e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9}
 
 
 def meta_model(name):
@@ -66,3 +66,18 @@ def test_moe_decode_bytes_count_routed_experts_only():
     assert 3.0e9 < one / 2 < 3.3e9  # the model card's 3.3B active includes the embedding
     assert decode_weight_bytes(model, cfg, 64) > 3 * one
     assert active_params(model, cfg) == pytest.approx(3.3e9 - 2 * 151936 * 2048, rel=0.02)
+
+
+def test_hybrid_presets_and_state_bytes():
+    """Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B at their published totals (80B, 35B); only the
+    full-attention layers hold K/V, and a decode step moves each sequence's recurrent state."""
+    from hotpath.bench.roofline import state_bytes_per_sequence
+
+    for name, total in (("qwen3-next-80b-a3b", 80e9), ("qwen3.5-35b-a3b", 35e9)):
+        cfg, model = meta_model(name)
+        assert sum(p.numel() for p in model.parameters()) == pytest.approx(total, rel=0.01)
+    cfg, _ = meta_model("qwen3-next-80b-a3b")
+    assert kv_bytes_per_token(cfg, torch.bfloat16) == 2 * 12 * 2 * 256 * 2  # 12 of 48 layers
+    per_layer = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
+    assert state_bytes_per_sequence(cfg, torch.bfloat16) == 36 * per_layer
+    assert state_bytes_per_sequence(config_from_hf(PRESETS["qwen3-8b"]), torch.bfloat16) == 0
