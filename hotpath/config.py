@@ -110,17 +110,28 @@ class ModelConfig:
             return torch.float16
         return torch.bfloat16
 
-    def mlp_activation_width(self) -> int:
-        """Activation elements per token one layer's MLP block holds at its peak (for sizing a
-        step's working memory): [gate | up] and their product for a dense MLP; for a sparse
-        block, that for each of its top_k experts, plus the fp32 sum and the shared expert's."""
+    def activation_width(self) -> int:
+        """Activation elements per token one layer holds at its peak beyond the hidden states
+        (for sizing a step's working memory): the widest of the token mixer's projections and
+        outputs and the MLP block's intermediates ([gate | up] and their product; for a sparse
+        block that for each of its top_k experts, plus the fp32 sum and the shared expert's)."""
+        q = self.num_attention_heads * self.head_dim
+        widths = [(3 if self.attn_output_gate else 2) * q + 2 * self.num_key_value_heads * self.head_dim]
+        if self.linear_attention is not None:
+            lin = self.linear_attention
+            key, value = lin.num_k_heads * lin.k_head_dim, lin.num_v_heads * lin.v_head_dim
+            # the projections, the conv's output, the recurrence's output
+            widths.append(2 * key + 2 * value + 2 * lin.num_v_heads + 2 * key + value + value)
         dense = 3 * self.intermediate_size
         if self.moe is None:
-            return dense
-        moe = self.moe
-        sparse = moe.top_k * 3 * moe.intermediate_size + 2 * self.hidden_size
-        sparse += 3 * moe.shared_expert_intermediate_size
-        return max(sparse, dense if len(moe.sparse_layers) < self.num_hidden_layers else 0)
+            widths.append(dense)
+        else:
+            moe = self.moe
+            widths.append(moe.top_k * 3 * moe.intermediate_size + 2 * self.hidden_size
+                          + 3 * moe.shared_expert_intermediate_size)
+            if len(moe.sparse_layers) < self.num_hidden_layers:
+                widths.append(dense)
+        return max(widths)
 
 
 def _rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:

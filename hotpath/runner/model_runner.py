@@ -164,10 +164,10 @@ class ModelRunner:
 
     def _activation_bytes(self) -> int:
         """Peak memory of one step beyond weights and cache: a few [tokens, hidden] activations
-        and the MLP block's intermediates for the largest token batch, plus fp32 logits and
+        and a layer's widest intermediates for the largest token batch, plus fp32 logits and
         sampler work space."""
         cfg, ec = self.model_config, self.engine_config
-        per_token = (4 * cfg.hidden_size + cfg.mlp_activation_width()) * self.dtype.itemsize
+        per_token = (4 * cfg.hidden_size + cfg.activation_width()) * self.dtype.itemsize
         logits = ec.max_num_seqs * cfg.vocab_size * 4 * 4
         return ec.max_num_batched_tokens * per_token + logits + 512 * 2**20
 
