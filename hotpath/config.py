@@ -154,6 +154,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     cpu_kv_cache_gib: float = 4.0
+    state_snapshot_stride: int = 1024  # tokens (hybrid models' prefix caching)
 
     def __post_init__(self) -> None:
         _check_positive("max_model_len", self.max_model_len)
@@ -166,6 +167,10 @@ class EngineConfig:
             )
         if self.num_gpu_blocks_override is not None:
             _check_positive("num_gpu_blocks_override", self.num_gpu_blocks_override)
+        _check_positive("state_snapshot_stride", self.state_snapshot_stride)
+        if self.state_snapshot_stride % self.block_size:
+            raise ValueError(f"state_snapshot_stride ({self.state_snapshot_stride}) must be a multiple "
+                             f"of block_size ({self.block_size})")
 
 
 def _check_positive(name: str, value: int) -> None:

@@ -27,6 +27,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     enforce_eager: bool = False
     async_scheduling: bool | None = None  # None: on with a GPU, off on the CPU
+    state_snapshot_stride: int = 1024
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +70,10 @@ class EngineArgs:
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                        help="schedule and launch the next greedy decode step while the GPU runs "
                             "this one (default: on with a GPU)")
+        g.add_argument("--state-snapshot-stride", type=int, default=1024,
+                       help="hybrid models' prefix caching: keep a snapshot of the linear-attention "
+                            "state every this many tokens (a multiple of --block-size), besides "
+                            "the end of each finished request")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

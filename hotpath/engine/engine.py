@@ -17,6 +17,7 @@ from hotpath.engine.detokenizer import detokenize_step
 from hotpath.engine.kv_cache import KVCacheManager
 from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
+from hotpath.engine.state_snapshots import StateSnapshots
 from hotpath.models.registry import read_config
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
 from hotpath.runner.model_runner import LaunchedStep, ModelRunner, SampledToken, is_plain_greedy
@@ -79,6 +80,7 @@ class Engine:
             max_num_batched_tokens=args.max_num_batched_tokens or max(8192, args.max_num_seqs),
             gpu_memory_utilization=args.gpu_memory_utilization,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
+            state_snapshot_stride=args.state_snapshot_stride,
         )
         self.runner = ModelRunner(
             self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,
@@ -91,14 +93,13 @@ class Engine:
                 f"({capacity} tokens in {self.runner.num_blocks} blocks); lower max_model_len or "
                 "give the cache more memory"
             )
+        snapshots = None
         if self.runner.state_layers and self.config.enable_prefix_caching:
-            # a prefix hit skips tokens whose linear-attention state no slot holds
-            logger.info("prefix caching off: this model's linear-attention layers keep no state "
-                        "snapshots to resume a cached prefix from")
-            self.config.enable_prefix_caching = False
+            snapshots = StateSnapshots(self.runner.num_snapshots, self.config.block_size,
+                                       self.config.state_snapshot_stride // self.config.block_size)
         self.kv_cache = KVCacheManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching,
-            self.runner.num_state_slots,
+            self.runner.num_state_slots, snapshots,
         )
         self.scheduler = Scheduler(self.config, self.kv_cache)
         self.requests: dict[str, Request] = {}
@@ -267,6 +268,11 @@ class Engine:
         return not self.runner.uses_graph(scheduled) or all(seq.num_pending_tokens for seq, _ in scheduled)
 
     def _launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None) -> LaunchedStep:
+        snapshots = self.kv_cache.snapshots
+        if snapshots is not None:  # where this step's sequences save their state (hybrids)
+            keep = {seq.restore_snapshot for seq, _ in scheduled if seq.restore_snapshot is not None}
+            for seq, num_new in scheduled:
+                snapshots.plan_save(seq, seq.num_computed_tokens, seq.num_computed_tokens + num_new, keep)
         launched = self.runner.launch(scheduled, prev)
         for seq, num_new in scheduled:
             seq.num_computed_tokens += num_new

@@ -19,6 +19,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from hotpath.engine.sequence import Sequence
+from hotpath.engine.state_snapshots import StateSnapshots
 
 
 @dataclass
@@ -36,7 +37,7 @@ def _chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 num_state_slots: int = 0) -> None:
+                 num_state_slots: int = 0, snapshots: StateSnapshots | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -49,6 +50,7 @@ class KVCacheManager:
         # a slot of linear-attention state per running sequence (hybrid models; 0: none needed)
         self.free_state_slots: deque[int] = deque(range(num_state_slots))
         self.needs_state_slots = num_state_slots > 0
+        self.snapshots = snapshots  # hybrid models' prefix caching
 
     @property
     def num_free_blocks(self) -> int:
@@ -79,6 +81,11 @@ class KVCacheManager:
                 break
             hits.append(block_id)
             parent = h
+        if self.snapshots is not None:  # only as far as a snapshot of the state reaches
+            usable = self.snapshots.lookup([self.blocks[b].block_hash for b in hits])
+            hits = hits[:usable]
+            seq.restore_snapshot = (self.snapshots.restore_id(self.blocks[hits[-1]].block_hash)
+                                    if hits else None)
         self.prefix_queried_tokens += len(tokens)
         self.prefix_hit_tokens += len(hits) * bs
         return hits
@@ -121,6 +128,8 @@ class KVCacheManager:
             block = self.blocks[block_id]
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
+                if self.snapshots is not None:
+                    self.snapshots.forget_block(block.block_hash)
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()
         self.blocks[block_id].ref_count = 1
         return block_id
@@ -145,6 +154,9 @@ class KVCacheManager:
                 self.cached[h] = block.block_id
 
     def free(self, seq: Sequence) -> None:
+        if self.snapshots is not None:
+            self.snapshots.release(seq)  # needs the block hashes, cleared below
+        seq.restore_snapshot = seq.save_at = None
         # tail blocks first, so they are evicted before the prefix blocks others may share
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]

@@ -41,6 +41,12 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full cached blocks
     state_slot: int | None = None  # its linear-attention layers' state slot (hybrid models)
+    # hybrid prefix caching (engine/state_snapshots.py): its pending snapshot and the boundary it
+    # holds; the snapshot its slot starts from (a prefix hit), and where this step saves one
+    snapshot: int | None = None
+    snapshot_boundary: int = 0
+    restore_snapshot: int | None = None
+    save_at: tuple[int, int] | None = None  # (tokens into this step's chunk, snapshot id)
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first scheduling, for metrics
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None

@@ -81,15 +81,27 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(num_v_heads), requires_grad=False)
         self.norm = GatedRMSNorm(v_head_dim, eps)
         self.out_proj = Linear(self.value_dim, [hidden_size])
-        # (conv states [slots, conv_dim, conv_width - 1], recurrent states [slots, Hv, Dk, Dv] fp32)
+        # (conv states [slots, conv_dim, conv_width - 1], recurrent states [slots, Hv, Dk, Dv] fp32),
+        # and the same for the snapshots prefix caching keeps
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.snapshots: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def cache_spec(self) -> StateCacheSpec:
         return StateCacheSpec(self.conv_dim, self.conv_width, self.num_v_heads, self.k_head_dim,
                               self.v_head_dim)
 
-    def bind_cache(self, cache: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.state = cache
+    def bind_cache(self, cache: tuple[torch.Tensor, torch.Tensor],
+                   snapshots: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.state, self.snapshots = cache, snapshots
+
+    def restore(self, snapshot_ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Each slot's states := its snapshot's (a prefix hit resumes there)."""
+        for pool, saved in zip(self.state, self.snapshots):
+            pool[slots] = saved[snapshot_ids]
+
+    def _save(self, slots: list[int], snapshot_ids: list[int]) -> None:
+        for pool, saved in zip(self.state, self.snapshots):
+            saved[torch.tensor(snapshot_ids, device=pool.device)] = pool[torch.tensor(slots, device=pool.device)]
 
     def fuses(self, x: torch.Tensor) -> bool:
         return False  # no fused decode form yet
@@ -120,23 +132,41 @@ class GatedDeltaNet(nn.Module):
         T = x.shape[0]
         mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)  # [T, conv_dim]
         weight = self.conv1d.weight[:, 0, :]  # [conv_dim, conv_width]
+        saves = {row: (cut, snap) for row, cut, snap in batch.state_saves or ()}
         if batch.max_query_len == 1:  # decode: every sequence one token, all at once
             out = decode_step(mixed, weight, conv_states, a, b, self.A_log, self.dt_bias, states,
                               batch.state_slots, batch.context_lens, self.num_k_heads)
+            if saves:  # after the token: the state at a block boundary
+                slots = batch.state_slots.tolist()
+                self._save([slots[row] for row in saves], [snap for _, snap in saves.values()])
             return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
         g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
         out = torch.empty_like(v)
         cu = batch.cu_query_lens.tolist()
         starts = [c - (cu[i + 1] - cu[i]) for i, c in enumerate(batch.context_lens.tolist())]
         for i, slot in enumerate(batch.state_slots.tolist()):
-            sl = slice(cu[i], cu[i + 1])
             if starts[i] == 0:  # a sequence's first step: nothing before it
                 conv_states[slot].zero_()
                 states[slot].zero_()
-            seq, conv_states[slot] = reference.causal_conv1d(mixed[sl], weight, None, conv_states[slot])
-            sq, sk, sv = seq.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-            n = sq.shape[0]
-            out[sl], states[slot] = reference.chunked(
-                sq.reshape(n, self.num_k_heads, self.k_head_dim), sk.reshape(n, self.num_k_heads, self.k_head_dim),
-                sv.reshape(n, self.num_v_heads, self.v_head_dim), g[sl], beta[sl], states[slot])
+            # in two pieces where the step saves a snapshot inside the chunk
+            first, end = cu[i], cu[i + 1]
+            cut, snap = saves.get(i, (end - first, None))
+            for piece in (slice(first, first + cut), slice(first + cut, end)):
+                if piece.start < piece.stop:
+                    out[piece] = self._run(mixed[piece], weight, g[piece], beta[piece], slot)
+                if snap is not None and piece.stop == first + cut:
+                    self._save([slot], [snap])
+                    snap = None
         return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
+
+    def _run(self, mixed: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             slot: int) -> torch.Tensor:  # [n, Hv, Dv]
+        """One sequence's tokens from its slot's states, the states after them written back."""
+        conv_states, states = self.state
+        y, conv_states[slot] = reference.causal_conv1d(mixed, weight, None, conv_states[slot])
+        q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        n = q.shape[0]
+        out, states[slot] = reference.chunked(
+            q.reshape(n, self.num_k_heads, self.k_head_dim), k.reshape(n, self.num_k_heads, self.k_head_dim),
+            v.reshape(n, self.num_v_heads, self.v_head_dim), g, beta, states[slot])
+        return out

@@ -31,6 +31,9 @@ class ForwardBatch:
     split: tuple[int, ForwardBatch, ForwardBatch] | None = None
     # [num_seqs] int64, each sequence's state slot in the linear-attention layers (hybrid models)
     state_slots: torch.Tensor | None = None
+    # hybrid prefix caching: (row, tokens into the row's chunk, snapshot id) where the step saves
+    # the state of the linear-attention layers, on the host
+    state_saves: list[tuple[int, int, int]] | None = None
 
     @property
     def num_seqs(self) -> int:

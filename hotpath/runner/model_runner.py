@@ -122,8 +122,12 @@ class ModelRunner:
         # a state slot per sequence the scheduler may run at once, each freed when its sequence
         # finishes or is preempted (hybrid models; none otherwise)
         self.num_state_slots = engine_config.max_num_seqs if self.state_layers else 0
+        # and as many snapshots of it, for prefix caching (engine/state_snapshots.py)
+        self.num_snapshots = self.num_state_slots if engine_config.enable_prefix_caching else 0
         for layer in self.state_layers:
-            layer.bind_cache(layer.cache_spec().allocate(self.num_state_slots, dtype, device))
+            spec = layer.cache_spec()
+            layer.bind_cache(spec.allocate(self.num_state_slots, dtype, device),
+                             spec.allocate(self.num_snapshots, dtype, device))
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
         self.sampler = Sampler()
@@ -228,6 +232,7 @@ class ModelRunner:
             max_query_len=max(n for _, n in scheduled),
             max_context_len=max(context_lens),
             state_slots=t([seq.state_slot for seq, _ in scheduled], torch.int64) if self.state_layers else None,
+            state_saves=self._state_saves(scheduled),
         )
         if 0 < len(few) < len(scheduled):
             batch.split = self._split_batch(batch, len(few), cu_query_lens, context_lens, scheduled)
@@ -237,6 +242,23 @@ class ModelRunner:
             rows = t(prev.rows_of([seq for _, seq in pending]), torch.int64)
             ids[index] = prev.token_ids[rows]
         return ids, t(positions, torch.int64), batch, sampling
+
+    def _state_saves(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[int, int, int]] | None:
+        """Hybrid models: first the snapshots the step's sequences start from (a prefix hit) are
+        copied into their slots; returns where the step saves snapshots, (row, tokens into the
+        row's chunk, snapshot id)."""
+        if not self.state_layers:
+            return None
+        restores = [(seq.state_slot, seq.restore_snapshot) for seq, _ in scheduled
+                    if seq.restore_snapshot is not None]
+        if restores:
+            slots, snaps = (torch.tensor(x, device=self.device) for x in zip(*restores))
+            for layer in self.state_layers:
+                layer.restore(snaps, slots)
+        saves = [(row, *seq.save_at) for row, (seq, _) in enumerate(scheduled) if seq.save_at is not None]
+        for seq, _ in scheduled:
+            seq.restore_snapshot = seq.save_at = None
+        return saves
 
     def _split_batch(
         self, batch: ForwardBatch, num_few: int, cu_query_lens: list[int], context_lens: list[int],
