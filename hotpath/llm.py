@@ -34,6 +34,7 @@ class LLM:
         num_gpu_blocks_override: int | None = None,
         enforce_eager: bool = False,
         async_scheduling: bool | None = None,
+        state_snapshot_stride: int = 1024,
     ) -> None:
         self.engine = Engine(EngineArgs(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, load_format=load_format,
@@ -43,7 +44,7 @@ class LLM:
             skip_tokenizer_init=skip_tokenizer_init,
             gpu_memory_utilization=gpu_memory_utilization,
             num_gpu_blocks_override=num_gpu_blocks_override, enforce_eager=enforce_eager,
-            async_scheduling=async_scheduling,
+            async_scheduling=async_scheduling, state_snapshot_stride=state_snapshot_stride,
         ))
         self._request_ids = itertools.count()
 

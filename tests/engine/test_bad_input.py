@@ -105,3 +105,10 @@ def test_max_model_len_over_model_positions(tiny_model_factory):
     path, _ = tiny_model_factory(MODEL)  # max_position_embeddings 1024
     with pytest.raises(ValueError, match="max_model_len 4096 is larger than the model's max_position_embeddings"):
         LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=4096)
+
+
+def test_snapshot_stride_must_be_whole_blocks():
+    from hotpath.config import EngineConfig
+
+    with pytest.raises(ValueError, match=r"state_snapshot_stride \(100\) must be a multiple of block_size \(16\)"):
+        EngineConfig(max_model_len=256, state_snapshot_stride=100)
