@@ -93,9 +93,10 @@ class SelfAttention(nn.Module):
         self.qkv_proj = Linear(hidden_size, [q_out, self.kv_size, self.kv_size], bias=qkv_bias,
                                checkpoint_names=["q_proj", "k_proj", "v_proj"])
         self.o_proj = Linear(self.q_size, [hidden_size])
-        norm = None if qk_norm_eps is None else (lambda: RMSNorm(head_dim, qk_norm_eps, zero_centred_norms))
-        self.q_norm = norm() if norm else None
-        self.k_norm = norm() if norm else None
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, zero_centred_norms)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, zero_centred_norms)
         self.rotary = rotary
         self.attn = Attention(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
 
