@@ -45,6 +45,10 @@ PRESETS: dict[str, dict] = {
         hidden_size=2048, intermediate_size=5120, num_hidden_layers=48, num_experts=512,
         num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
         eos_token_id=151645, bos_token_id=151643),
+    # the text model of Qwen3.5-9B: 4 KV heads, a dense MLP
+    "qwen3.5-9b": dict(
+        _HYBRID, architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=248320,
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_key_value_heads=4),
     # the text model of Qwen3.5-35B-A3B (Qwen3.6-35B-A3B has the same shape)
     "qwen3.5-35b-a3b": dict(
         _HYBRID, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text",
