@@ -88,6 +88,11 @@ class DecoderModel(nn.Module):
             DecoderLayer(cfg, *family.make_mixer(cfg, rotary, i), family.make_mlp(cfg, i))
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
+        # one layer of each kind (mixer, MLP block, parameter shapes): what few_rows asks, so a
+        # step's check costs one layer's, not every layer's (a plain list: not registered twice)
+        kinds = {(type(layer.mixer), type(layer.mlp), tuple(p.shape for p in layer.parameters())): layer
+                 for layer in self.layers}
+        self._layer_kinds = list(kinds.values())
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
@@ -108,7 +113,7 @@ class DecoderModel(nn.Module):
         every layer's blocks fuse at that many rows."""
         w = self.embed_tokens.weight
         x = w[:1].expand(num_tokens, -1)  # stands for the step's input: its rows, dtype, device
-        return all(layer.fuses(x) for layer in self.layers)
+        return all(layer.fuses(x) for layer in self._layer_kinds)
 
     def forward_few_rows(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch

@@ -1,6 +1,7 @@
 """Gated DeltaNet: the gated delta rule and the causal conv1d before it. reference.py is the torch
 definition; the decode step (one token per sequence) has Triton kernels (triton_decode.py), run on
-the GPU; prefill runs the reference's chunked form until its kernel comes."""
+the GPU (checked in the interpreter and compiled for sm90 and gfx942/950; not yet run on a GPU);
+prefill runs the reference's chunked form until its kernel comes."""
 
 from __future__ import annotations
 
