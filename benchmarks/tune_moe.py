@@ -79,12 +79,19 @@ def grouped_candidates(T: int, top_k: int, E: int, K: int, smem_bytes: int, quic
         yield GroupedConfig(block_m, block_n, block_k, group_m, num_warps, num_stages)
 
 
-def decode_candidates(T: int, K: int, smem_bytes: int, quick: bool, tiny: bool) -> Iterator:
+def decode_candidates(T: int, K: int, smem_bytes: int, quick: bool, tiny: bool, top_k: int = 0) -> Iterator:
+    """top_k: for the down projection at one token, whose kernel holds [k, block_n, block_k]
+    tiles (triton_decode._decode_down_one_token_kernel); 0 for the others."""
     from hotpath.ops.moe.tuning import DecodeConfig
 
     if tiny:
         yield DecodeConfig(8 if T == 1 else 16, 32, 4, 1)
         yield DecodeConfig(16 if T == 1 else 32, 16, 4, 2)
+        return
+    if T == 1 and top_k:
+        for block_n, block_k, num_warps in itertools.product((2, 4, 8, 16), (128, 256, 512, 1024), (4, 8)):
+            if block_k <= max(256, 2 * K) and top_k * block_n * block_k <= 32768:
+                yield DecodeConfig(block_n, block_k, num_warps, 1)
         return
     if T == 1:  # element-wise sums: one tile in flight per program, its size is what matters
         space = itertools.product((4, 8, 16, 32), (256, 512, 1024, 2048, 4096),
@@ -145,7 +152,9 @@ class Tuner:
             (weights, ids), = self.routings(T_check, 1)
             x = torch.randn(T_check, self.H, device=self.device).to(self.dtype)
             if path == "decode":
-                default = tuning.default_decode_config(T_check, self.H if projection == "down" else self.I)
+                # the other projection's default tiles (the down's depend on top_k)
+                default = (tuning.default_decode_config(T_check, self.H) if projection == "down"
+                           else tuning.default_decode_config(T_check, self.I, self.top_k))
                 run = triton_decode.fused_moe
             else:
                 hip = torch.version.hip is not None
@@ -194,7 +203,7 @@ class Tuner:
         self.fastest("gate_up", "decode", T, decode_candidates(T, self.H, self.smem, self.quick, self.tiny),
                      lambda cfg: [functools.partial(triton_decode.gate_up, x, self.w13, ids, self.top_k, cfg)
                                   for _, ids in flat])
-        self.fastest("down", "decode", T, decode_candidates(T, self.I, self.smem, self.quick, self.tiny),
+        self.fastest("down", "decode", T, decode_candidates(T, self.I, self.smem, self.quick, self.tiny, self.top_k),
                      lambda cfg: [functools.partial(triton_decode.down, h, self.w2, ids, w, self.top_k, cfg)
                                   for h, (w, ids) in zip(hs, flat)])
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.mlp import GatedMLP
-from hotpath.ops.moe import fused_moe, route
+from hotpath.ops.moe import routed_moe
 
 
 class FusedExperts(nn.Module):
@@ -49,10 +49,11 @@ class FusedExperts(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, H]
-        topk_weights: torch.Tensor,  # [T, k] fp32
-        topk_ids: torch.Tensor,  # [T, k] int32
+        router_logits: torch.Tensor,  # [T, E]
+        top_k: int,
+        renormalize: bool,
     ) -> torch.Tensor:  # [T, H]
-        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
+        return routed_moe(x, router_logits, self.w13, self.w2, top_k, renormalize)
 
 
 class SparseMoeBlock(nn.Module):
@@ -79,8 +80,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         router_logits = self.gate(x)  # [T, E], model dtype
-        topk_weights, topk_ids = route(router_logits, self.top_k, self.norm_topk_prob)
-        out = self.experts(x, topk_weights, topk_ids)
+        out = self.experts(x, router_logits, self.top_k, self.norm_topk_prob)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -26,6 +26,12 @@ streams over the routed experts' weights, spread over many programs:
   zero. One launch, no separate reduction, and the same sum whatever order the programs run in:
   bitwise reproducible. The counters are shared by every call on a device, so calls must not run
   concurrently on two streams.
+At one token the down projection takes a kernel of its own: a program owns BLOCK_N output rows of
+all k experts ([k, BLOCK_N, BLOCK_K] tiles, k loads in flight) and sums the k terms itself, in
+the same slot order, with no terms buffer and no counters. And routed_fused_moe routes one token
+inside the gate_up kernel (each program recomputes the softmax and top-k of the E logits, from
+L2), which saves the routing launch, the largest of the small ones a decode layer has.
+
 There are k * cdiv(N, BLOCK_N) programs at batch 1 (8 * 192 for Qwen3-30B-A3B's gate_up in
 8-row tiles), several per SM on any Qwen MoE shape, so K is never split: a split would also sum
 a term before it is complete, where the reference rounds each term whole.
@@ -45,6 +51,7 @@ import triton.language as tl
 from hotpath.ops.moe import tuning
 from hotpath.ops.moe.triton_common import silu_and_mul_rounded, weighted_term
 from hotpath.ops.moe.triton_grouped import check_kernel_args
+from hotpath.ops.moe.triton_route import MAX_EXPERTS, top_k_of_row
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch,
@@ -110,16 +117,22 @@ def _rows_times_tokens(w_rows, x_rows, x_ok, K, BLOCK_T: tl.constexpr, BLOCK_K: 
 def _decode_gate_up_kernel(
     x_ptr,  # [T, H]
     w_ptr,  # [E, 2 * I, H], H contiguous: gate rows then up rows
-    ids_ptr,  # [T * top_k] int32
+    ids_ptr,  # [T * top_k] int32 (written here where ROUTE)
     out_ptr,  # [T * top_k, I]: silu(gate) * up of each pair
+    logits_ptr,  # ROUTE: [1, E] router logits
+    weights_ptr,  # ROUTE: [top_k] fp32 routing weights, written here
     T,
     I,
     H,
     top_k,
+    E,
     stride_xt,
     stride_we,
     stride_wn,
     stride_ot,
+    ROUTE: tl.constexpr,  # one token: route it here (triton_route.top_k_of_row), not read ids
+    RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -132,9 +145,24 @@ def _decode_gate_up_kernel(
     pdl_wait(USE_PDL)
     p = tl.program_id(0)
     pid_n = tl.program_id(1)
-    expert, first, hit, pair = _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T, BLOCK_J)
-    if not first:
-        return
+    if ROUTE:
+        # every program routes the token (E logits from L2, the same picks in each), so no
+        # routing launch runs before this one; program (0, 0) stores the routing for `down`
+        re = tl.arange(0, BLOCK_E)
+        logits = tl.load(logits_ptr + re, mask=re < E, other=float("-inf")).to(tl.float32)
+        top_w, top_i = top_k_of_row(logits, E, top_k, RENORMALIZE, BLOCK_E, BLOCK_J)
+        rj = tl.arange(0, BLOCK_J)
+        expert = tl.sum(tl.where(rj == p, top_i, 0), axis=0).to(tl.int64)
+        if p == 0 and pid_n == 0:
+            tl.store(weights_ptr + rj, top_w, mask=rj < top_k)
+            tl.store(ids_ptr + rj, top_i, mask=rj < top_k)
+        rt = tl.arange(0, BLOCK_T)
+        hit = rt < 1
+        pair = rt + p
+    else:
+        expert, first, hit, pair = _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T, BLOCK_J)
+        if not first:
+            return
     # rows in pairs: row 2f is gate row f, row 2f + 1 up row f (past I: row I - 1, not stored)
     rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_row = tl.minimum(rv // 2, I - 1) + (rv % 2) * I
@@ -209,6 +237,58 @@ def _decode_down_kernel(
         tl.store(counters, 0, mask=last)
 
 
+@triton.jit
+def _decode_down_one_token_kernel(
+    h_ptr,  # [top_k, I]: the gate_up kernel's output for one token
+    w_ptr,  # [E, H, I], I contiguous
+    ids_ptr,  # [top_k] int32
+    weights_ptr,  # [top_k] fp32
+    out_ptr,  # [1, H]
+    H,
+    I,
+    top_k,
+    stride_ht,
+    stride_we,
+    stride_wn,
+    EVEN_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One token: a program owns BLOCK_N output rows and reads them from all k experts at once
+    ([BLOCK_J, BLOCK_N, BLOCK_K] tiles: k loads in flight, not one), then sums the k rounded
+    terms in expert-slot order itself: no terms buffer, no counters."""
+    pdl_launch_dependents(USE_PDL)
+    pdl_wait(USE_PDL)
+    pid_n = tl.program_id(0)
+    rj = tl.arange(0, BLOCK_J)
+    j_ok = rj < top_k
+    experts = tl.load(ids_ptr + rj, mask=j_ok, other=0).to(tl.int64)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(rn, H - 1).to(tl.int64)
+    w_rows = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn  # [J, N, 1]
+    h_rows = h_ptr + rj.to(tl.int64)[:, None] * stride_ht  # [J, 1]
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_J, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            k_ok = j_ok[:, None]
+        else:
+            k_ok = j_ok[:, None] & (kk < I)[None, :]
+        w = tl.load(w_rows + kk[None, None, :], mask=k_ok[:, None, :], other=0.0)
+        h = tl.load(h_rows + kk[None, :], mask=k_ok, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * h.to(tl.float32)[:, None, :], axis=2)
+    weight = tl.load(weights_ptr + rj, mask=j_ok, other=0.0)
+    dtype = out_ptr.dtype.element_ty
+    terms = weighted_term(acc, weight[:, None], dtype)  # [BLOCK_J, BLOCK_N]
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(top_k):  # in slot order, as the k-token kernel sums
+        total += tl.sum(tl.where(rj[:, None] == j, terms, 0.0), axis=0)
+    tl.store(out_ptr + rn, total.to(dtype), mask=rn < H)
+
+
 def fused_moe(
     x: torch.Tensor,  # [T, H], T <= MAX_TOKENS
     w13: torch.Tensor,  # [E, 2 * I, H]
@@ -231,22 +311,54 @@ def fused_moe(
     weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [T * k]
     top_k = topk_ids.shape[1]
     h = gate_up(x, w13, ids, top_k, gate_up_config or tuning.decode_config(T, E, 2 * I, H, x.dtype, x.device))
-    return down(h, w2, ids, weights, top_k, down_config or tuning.decode_config(T, E, H, I, x.dtype, x.device))
+    return down(h, w2, ids, weights, top_k,
+                down_config or tuning.decode_config(T, E, H, I, x.dtype, x.device, top_k=top_k))
+
+
+def routed_fused_moe(
+    x: torch.Tensor,  # [1, H]: one token
+    router_logits: torch.Tensor,  # [1, E]
+    w13: torch.Tensor,  # [E, 2 * I, H]
+    w2: torch.Tensor,  # [E, H, I]
+    top_k: int,
+    renormalize: bool,
+) -> torch.Tensor:  # [1, H]
+    """triton_route.route then fused_moe for one token, in two launches: the gate_up kernel
+    routes the token itself (the same picks and weights as the routing kernel)."""
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"routed_fused_moe takes one token, got x of shape {tuple(x.shape)}")
+    E = w13.shape[0]
+    if router_logits.shape != (1, E):
+        raise ValueError(f"router_logits must be [1, {E}], got {tuple(router_logits.shape)}")
+    if E > MAX_EXPERTS or not 1 <= top_k <= E:
+        raise ValueError(f"top_k must be in 1..{E} and the experts at most {MAX_EXPERTS}, got "
+                         f"top_k {top_k} of {E}")
+    weights = torch.empty(top_k, dtype=torch.float32, device=x.device)  # [k]
+    ids = torch.empty(top_k, dtype=torch.int32, device=x.device)  # [k]
+    check_kernel_args(x, w13, w2, weights[None], ids[None])
+    H, I = x.shape[1], w2.shape[2]
+    h = gate_up(x, w13, ids, top_k, tuning.decode_config(1, E, 2 * I, H, x.dtype, x.device),
+                route_from=(router_logits.contiguous(), weights, renormalize))
+    return down(h, w2, ids, weights, top_k, tuning.decode_config(1, E, H, I, x.dtype, x.device, top_k=top_k))
 
 
 def gate_up(
     x: torch.Tensor,  # [T, H]
     w13: torch.Tensor,  # [E, 2 * I, H]
-    ids: torch.Tensor,  # [T * k] int32
+    ids: torch.Tensor,  # [T * k] int32 (filled here where route_from is given)
     top_k: int,
     cfg: tuning.DecodeConfig,
+    route_from: tuple[torch.Tensor, torch.Tensor, bool] | None = None,  # one token's
+    # (router logits [1, E], routing weights [k] to fill, renormalize)
 ) -> torch.Tensor:  # [T * k, I]: silu(gate) * up of each (token, expert) pair
     T, H = x.shape
-    I = w13.shape[1] // 2
+    E, I = w13.shape[0], w13.shape[1] // 2
     out = torch.empty((T * top_k, I), dtype=x.dtype, device=x.device)
+    logits, weights, renormalize = route_from or (x, x, False)  # (unread without routing)
     _decode_gate_up_kernel[(T * top_k, triton.cdiv(2 * I, cfg.block_n))](
-        x, w13, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-        **_launch_options(T, top_k, H, cfg, x),
+        x, w13, ids, out, logits, weights, T, I, H, top_k, E, x.stride(0), w13.stride(0), w13.stride(1),
+        out.stride(0), ROUTE=route_from is not None, RENORMALIZE=renormalize,
+        BLOCK_E=triton.next_power_of_2(E), **_launch_options(T, top_k, H, cfg, x),
     )
     return out
 
@@ -261,16 +373,21 @@ def down(
 ) -> torch.Tensor:  # [T, H]: each token's weighted sum over its experts
     T, I = h.shape[0] // top_k, h.shape[1]
     H = w2.shape[1]
+    out = torch.empty((T, H), dtype=h.dtype, device=h.device)
+    options = _launch_options(T, top_k, I, cfg, h)
+    if T == 1:
+        del options["BLOCK_T"], options["DOT_PRECISION"]
+        _decode_down_one_token_kernel[(triton.cdiv(H, cfg.block_n),)](
+            h, w2, ids, weights, out, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), **options)
+        return out
     n_tiles = triton.cdiv(H, cfg.block_n)
     if T * n_tiles > MAX_COUNTERS:
         raise ValueError(f"the down kernel keeps at most {MAX_COUNTERS} (token, N tile) counters; "
                          f"{T} tokens x {n_tiles} tiles need more")
     terms = torch.empty((T * top_k, H), dtype=h.dtype, device=h.device)  # [T * k, H]
-    out = torch.empty((T, H), dtype=h.dtype, device=h.device)
     _decode_down_kernel[(T * top_k, n_tiles)](
         h, w2, ids, weights, terms, zeroed_counters("moe decode down", MAX_COUNTERS, h.device), out,
-        T, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), terms.stride(0), out.stride(0),
-        **_launch_options(T, top_k, I, cfg, h),
+        T, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), terms.stride(0), out.stride(0), **options,
     )
     return out
 

@@ -86,11 +86,12 @@ def grouped_config(T: int, top_k: int, E: int, N: int, K: int, dtype: torch.dtyp
 
 
 def decode_config(T: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
-                  config_dir: Path = CONFIG_DIR) -> DecodeConfig:
+                  config_dir: Path = CONFIG_DIR, top_k: int = 0) -> DecodeConfig:
+    """top_k: the down projection's, where its one-token kernel's default tiles depend on it."""
     found = tuned("decode", E, N, K, dtype, device, T, config_dir)
     if found is not None:
         return DecodeConfig(**found)
-    return default_decode_config(T, K)
+    return default_decode_config(T, K, top_k)
 
 
 def default_grouped_config(T: int, top_k: int, E: int, N: int, K: int, hip: bool) -> GroupedConfig:
@@ -106,10 +107,13 @@ def default_grouped_config(T: int, top_k: int, E: int, N: int, K: int, hip: bool
                          num_stages=2 if hip else 3)
 
 
-def default_decode_config(T: int, K: int) -> DecodeConfig:
+def default_decode_config(T: int, K: int, top_k: int = 0) -> DecodeConfig:
     """Borrowed from the dense GEMV kernel (hotpath.ops.linear.triton_gemv), whose tiles were
     measured on dense projections, not on experts: one token, element-wise sums over 8-row
-    tiles as wide as K up to 2048; more tokens, tensor-core dots on 32 x 256 tiles in 3 stages."""
+    tiles as wide as K up to 2048; more tokens, tensor-core dots on 32 x 256 tiles in 3 stages.
+    The down projection at one token (top_k given) holds k tiles at once: 4 rows by 256."""
+    if T == 1 and top_k:
+        return DecodeConfig(block_n=4, block_k=min(256, max(16, _pow2_at_least(K))), num_warps=4, num_stages=1)
     if T == 1:
         block_k = min(2048, max(16, _pow2_at_least(K)))
         return DecodeConfig(block_n=8, block_k=block_k, num_warps=8 if block_k >= 2048 else 4, num_stages=1)
