@@ -4,7 +4,7 @@
 #   tune     benchmarks/tune_moe.py --quick for Qwen3-30B-A3B's shapes, into hotpath/ops/moe/configs
 #            (used by what follows in the call) and packed into $OUT/moe_configs.tar
 #   moe      hotpath bench latency, Qwen3-30B-A3B shape, every engine default: batch 1 (with HF
-#            transformers on the same shape), 8, 32 and 64; an 8K-token prompt's TTFT
+#            transformers on the same shape), 8, 32 and 64 (MOE_BATCHES); an 8K-token prompt's TTFT
 #   timeline the batch-1 decode graph of Qwen3-30B-A3B kernel by kernel (benchmarks/decode_timeline.py)
 #   dense    Qwen3-8B and 0.6B batch 1 with this tree and with the tree before the change
 #            (.before19/, an ignored copy the call carries), back to back
@@ -25,7 +25,7 @@ if [[ $what == *" tune "* ]]; then
   tar -C hotpath/ops/moe -cf "$OUT/moe_configs.tar" configs  # (their names do not come back as files)
 fi
 if [[ $what == *" moe "* ]]; then
-  timeout 300 $bench --preset qwen3-30b-a3b --batch-size 1 8 32 64 --input-len 512 --output-len 128 \
+  timeout 300 $bench --preset qwen3-30b-a3b --batch-size ${MOE_BATCHES:-1 8 32 64} --input-len 512 --output-len 128 \
     ${MOE_COMPARE:---compare hf} --json "$OUT/latency_qwen3-30b-a3b.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
   timeout 150 $bench --preset qwen3-30b-a3b --batch-size 1 --input-len 8192 --output-len 8 \
     --json "$OUT/latency_qwen3-30b-a3b_8k.json" 2>&1 | grep -E "TTFT|matmul"

@@ -151,3 +151,39 @@ def test_interpreter_decode_step(heads, interpreter, poisoned):
             torch.testing.assert_close(out[i], o[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_conv, want_conv, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got_states, want_states, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_decode_step_real_shape(dtype, gpu_triton, poisoned):
+    """The decode kernels at Qwen3-Next-80B's shape (16 key heads, 32 value heads, 128 x 128
+    states) on the GPU against the reference run in fp32 on the same inputs: 64 sequences in
+    scattered slots, some at their first token, three steps in a row."""
+    from hotpath.ops.gated_delta import triton_decode
+
+    hk, hv, dk, dv, K, N, num_slots = 16, 32, 128, 128, 4, 64, 200
+    C = 2 * hk * dk + hv * dv
+    gen = torch.Generator("cuda").manual_seed(3)
+    weight = (torch.randn(C, K, generator=gen, device="cuda") * 0.5).to(dtype)
+    A_log = torch.rand(hv, generator=gen, device="cuda") - 0.5
+    dt_bias = torch.randn(hv, generator=gen, device="cuda")
+    conv_states = torch.randn(num_slots, C, K - 1, generator=gen, device="cuda").to(dtype)
+    states = torch.randn(num_slots, hv, dk, dv, generator=gen, device="cuda") * 0.5
+    slots = torch.randperm(num_slots, generator=gen, device="cuda")[:N]
+    context_lens = torch.randint(2, 5000, (N,), generator=gen, device="cuda", dtype=torch.int32)
+    context_lens[::7] = 1
+    want_conv, want_states = conv_states.float(), states.clone()
+    got_conv, got_states = conv_states.clone(), states.clone()
+    for step in range(3):
+        mixed = torch.randn(N, C, generator=gen, device="cuda").to(dtype)
+        a = torch.randn(N, hv, generator=gen, device="cuda").to(dtype)
+        b = torch.randn(N, hv, generator=gen, device="cuda").to(dtype)
+        out = triton_decode.decode_step(mixed, weight, got_conv, a, b, A_log, dt_bias, got_states,
+                                        slots, context_lens + step, hk)
+        want = reference.decode_step(mixed.float(), weight.float(), want_conv, a.float(), b.float(), A_log,
+                                     dt_bias, want_states, slots, context_lens + step, hk)
+        assert out.dtype == dtype
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        err = (out.float() - want).norm() / want.norm()
+        assert err < tol, (step, err)
+    assert ((got_states - want_states).norm() / want_states.norm()) < (1e-4 if dtype == torch.float32 else 1e-2)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 20's GPU checks and figures (Qwen3.5 / Qwen3-Next hybrids), for one or two device calls:
+#   tests    the gated-delta kernels and the hybrid models on the GPU
+#   fla      fla-core (a wheel carried in .whl/) installed, then the prefill kernels side by side
+#            (benchmarks/bench_gated_delta_prefill.py)
+#   latency  hotpath bench latency at every engine default, random weights at the published shapes:
+#            qwen3.5-9b batch 1 (with HF transformers on the same shape) and 8, qwen3.5-35b-a3b
+#            batch 1 and 8 (qwen3-next-80b-a3b's 160 GB of bf16 do not fit one H200)
+#   long     TTFT of 8K and 32K-token prompts on qwen3.5-35b-a3b
+# Usage: bash scripts/gpu_hybrid.sh [tests] [fla] [latency] [long]
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/hotpath-gpu}
+mkdir -p "$OUT"
+what=" $* "
+bench="python3 -m hotpath.cli bench latency"
+if [[ $what == *" fla "* ]]; then
+  pip install -q --no-deps --no-index .whl/einops-*.whl .whl/fla_core-*.whl 2>&1 | tail -2
+fi
+if [[ $what == *" tests "* ]]; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_gated_delta*.py \
+    tests/ops/test_model_cuda.py ${HYBRID_TESTS:-} 2>&1 | tee "$OUT/pytest_hybrid.log" | tail -8
+fi
+if [[ $what == *" fla "* ]]; then
+  timeout 200 python3 benchmarks/bench_gated_delta_prefill.py 2>&1 | tee "$OUT/prefill_kernels.log" | tail -30
+fi
+if [[ $what == *" latency "* ]]; then
+  timeout 200 $bench --preset qwen3.5-9b --batch-size 1 8 --input-len 512 --output-len 64 \
+    ${HYBRID_COMPARE:---compare hf} --json "$OUT/latency_qwen3.5-9b.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
+  timeout 200 $bench --preset qwen3.5-35b-a3b --batch-size 1 8 --input-len 512 --output-len 64 \
+    --json "$OUT/latency_qwen3.5-35b-a3b.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
+fi
+if [[ $what == *" long "* ]]; then
+  for n in 8192 32768; do
+    timeout 200 $bench --preset qwen3.5-35b-a3b --batch-size 1 --input-len $n --output-len 8 \
+      --json "$OUT/latency_qwen3.5-35b-a3b_${n}.json" 2>&1 | grep -E "TTFT|TPOT|matmul"
+  done
+fi
