@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.mlp import GatedMLP
-from hotpath.ops.moe import routed_moe
+from hotpath.ops.moe import fused_moe, route
 
 
 class FusedExperts(nn.Module):
@@ -49,11 +49,10 @@ class FusedExperts(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, H]
-        router_logits: torch.Tensor,  # [T, E]
-        top_k: int,
-        renormalize: bool,
+        topk_weights: torch.Tensor,  # [T, k] fp32
+        topk_ids: torch.Tensor,  # [T, k] int32
     ) -> torch.Tensor:  # [T, H]
-        return routed_moe(x, router_logits, self.w13, self.w2, top_k, renormalize)
+        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
 
 
 class SparseMoeBlock(nn.Module):
@@ -80,7 +79,8 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         router_logits = self.gate(x)  # [T, E], model dtype
-        out = self.experts(x, router_logits, self.top_k, self.norm_topk_prob)
+        topk_weights, topk_ids = route(router_logits, self.top_k, self.norm_topk_prob)
+        out = self.experts(x, topk_weights, topk_ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

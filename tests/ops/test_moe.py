@@ -213,41 +213,25 @@ def test_interpreter_dispatch(T, interpreter, poisoned):
     assert rel_err(out, fp32_reference(x, w13, w2, want_w, want_ids)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("E,top_k", [(5, 2), (7, 3), (16, 8)])
-def test_interpreter_routed_one_token(E, top_k, renormalize, interpreter, poisoned):
-    """One token routed inside the gate_up kernel: the same routing the routing kernel stores,
-    and the output of route + fused_moe (bitwise: the same kernels after the routing), with
-    default tiles and with tiles that split N and K."""
-    from hotpath.ops.moe import triton_decode, triton_route
+def test_interpreter_one_token_down(E, top_k, interpreter, poisoned):
+    """One token's down kernel (all k experts in one program) with tiles that split N and walk K
+    in two steps, the second masked, and with the default tiles: against the reference, and the
+    same terms in the same order as the kernel for several tokens (the token alone in a batch
+    of 2 whose second token is a copy)."""
+    from hotpath.ops.moe import triton_decode
     from hotpath.ops.moe.tuning import DecodeConfig
 
-    x, w13, w2, _, _ = moe_inputs(1, E, 64, 48, top_k, torch.float32, "cpu", seed=E)
-    logits = torch.randn(1, E, generator=torch.Generator().manual_seed(top_k))
-    weights, ids = triton_route.route(logits, top_k, renormalize)
-    want_w, want_ids = reference.route(logits, top_k, renormalize)
-    assert torch.equal(ids, want_ids)
-    want = fp32_reference(x, w13, w2, want_w, want_ids)
-    out = triton_decode.routed_fused_moe(x, logits, w13, w2, top_k, renormalize)
-    assert rel_err(out, want) < TOL[torch.float32]
-    assert torch.equal(out, triton_decode.fused_moe(x, w13, w2, weights, ids))
-    assert torch.equal(out, moe.routed_moe(x, logits, w13, w2, top_k, renormalize))
-    small = DecodeConfig(4, 32, 4, 1)  # K = 48 and 64 in two steps, the second masked
+    x, w13, w2, weights, ids = moe_inputs(1, E, 64, 48, top_k, torch.float32, "cpu", seed=E)
+    want = fp32_reference(x, w13, w2, weights, ids)
+    small = DecodeConfig(4, 32, 4, 1)
     h = triton_decode.gate_up(x, w13, ids.view(-1), top_k, small)
-    out_small = triton_decode.down(h, w2, ids.view(-1), weights.view(-1), top_k, small)
-    assert rel_err(out_small, want) < TOL[torch.float32]
-
-
-def test_routed_one_token_errors():
-    from hotpath.ops.moe import triton_decode
-
-    x, w13, w2, _, _ = moe_inputs(2, 5, 64, 48, 2, torch.float32, "cpu")
-    with pytest.raises(ValueError, match="one token"):
-        triton_decode.routed_fused_moe(x, torch.zeros(2, 5), w13, w2, 2, True)
-    with pytest.raises(ValueError, match=r"router_logits must be \[1, 5\]"):
-        triton_decode.routed_fused_moe(x[:1], torch.zeros(1, 4), w13, w2, 2, True)
-    with pytest.raises(ValueError, match="top_k must be in 1..5"):
-        triton_decode.routed_fused_moe(x[:1], torch.zeros(1, 5), w13, w2, 6, True)
+    out = triton_decode.down(h, w2, ids.view(-1), weights.view(-1), top_k, small)
+    assert rel_err(out, want) < TOL[torch.float32]
+    out = triton_decode.fused_moe(x, w13, w2, weights, ids)
+    assert rel_err(out, want) < TOL[torch.float32]
+    pair = triton_decode.fused_moe(x.repeat(2, 1), w13, w2, weights.repeat(2, 1), ids.repeat(2, 1))
+    assert torch.equal(pair[0], out[0]) and torch.equal(pair[1], out[0])
 
 
 @pytest.mark.parametrize("T,top_k,E,block_m", [(1, 2, 5, 16), (3, 3, 5, 16), (40, 3, 5, 16),
@@ -394,11 +378,6 @@ def _record_launches(target_name: str) -> list[tuple[str, object, tuple, dict]]:
             label[0] = f"{shape_name}/T{T}"
             x = torch.empty(T, H, dtype=torch.bfloat16, device=meta)
             weights, ids = triton_route.route(torch.empty(T, E, dtype=torch.bfloat16, device=meta), top_k, True)
-            if T == 1:
-                label[0] = f"{shape_name}/T1routed"
-                triton_decode.routed_fused_moe(x, torch.empty(1, E, dtype=torch.bfloat16, device=meta), w13, w2,
-                                               top_k, True)
-                label[0] = f"{shape_name}/T{T}"
             if T <= moe.FEW_TOKENS:
                 triton_decode.fused_moe(x, w13, w2, weights, ids)
             else:

@@ -5,7 +5,6 @@ triton_grouped.py for more. All of them run without a host sync, so a CUDA graph
 
     weights, ids = route(router_logits, top_k, renormalize)  # [T, k] fp32, [T, k] int32
     out = fused_moe(x, w13, w2, weights, ids)  # [T, H]
-    out = routed_moe(x, router_logits, w13, w2, top_k, renormalize)  # the two in one call
 
 w13 [E, 2 * I, H] stacks each expert's gate_proj rows then its up_proj rows; w2 [E, H, I] its
 down_proj.
@@ -60,22 +59,4 @@ def fused_moe(
     return reference.fused_moe(x, w13, w2, topk_weights, topk_ids)
 
 
-def routed_moe(
-    x: torch.Tensor,  # [T, H]
-    router_logits: torch.Tensor,  # [T, E]
-    w13: torch.Tensor,  # [E, 2 * I, H]
-    w2: torch.Tensor,  # [E, H, I]
-    top_k: int,
-    renormalize: bool,
-) -> torch.Tensor:  # [T, H]
-    """route, then fused_moe. At one token on the GPU the routing runs inside the first expert
-    kernel (triton_decode.routed_fused_moe): a decode step at batch 1 saves a launch a layer."""
-    if backend.use_triton(x) and x.shape[0] == 1:
-        from hotpath.ops.moe import triton_decode
-
-        return triton_decode.routed_fused_moe(x, router_logits, w13, w2, top_k, renormalize)
-    weights, ids = route(router_logits, top_k, renormalize)
-    return fused_moe(x, w13, w2, weights, ids)
-
-
-__all__ = ["FEW_TOKENS", "fused_moe", "route", "routed_moe"]
+__all__ = ["FEW_TOKENS", "fused_moe", "route"]

@@ -28,9 +28,7 @@ streams over the routed experts' weights, spread over many programs:
   concurrently on two streams.
 At one token the down projection takes a kernel of its own: a program owns BLOCK_N output rows of
 all k experts ([k, BLOCK_N, BLOCK_K] tiles, k loads in flight) and sums the k terms itself, in
-the same slot order, with no terms buffer and no counters. And routed_fused_moe routes one token
-inside the gate_up kernel (each program recomputes the softmax and top-k of the E logits, from
-L2), which saves the routing launch, the largest of the small ones a decode layer has.
+the same slot order, with no terms buffer and no counters.
 
 There are k * cdiv(N, BLOCK_N) programs at batch 1 (8 * 192 for Qwen3-30B-A3B's gate_up in
 8-row tiles), several per SM on any Qwen MoE shape, so K is never split: a split would also sum
@@ -51,7 +49,6 @@ import triton.language as tl
 from hotpath.ops.moe import tuning
 from hotpath.ops.moe.triton_common import silu_and_mul_rounded, weighted_term
 from hotpath.ops.moe.triton_grouped import check_kernel_args
-from hotpath.ops.moe.triton_route import MAX_EXPERTS, top_k_of_row
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch,
@@ -117,22 +114,16 @@ def _rows_times_tokens(w_rows, x_rows, x_ok, K, BLOCK_T: tl.constexpr, BLOCK_K: 
 def _decode_gate_up_kernel(
     x_ptr,  # [T, H]
     w_ptr,  # [E, 2 * I, H], H contiguous: gate rows then up rows
-    ids_ptr,  # [T * top_k] int32 (written here where ROUTE)
+    ids_ptr,  # [T * top_k] int32
     out_ptr,  # [T * top_k, I]: silu(gate) * up of each pair
-    logits_ptr,  # ROUTE: [1, E] router logits
-    weights_ptr,  # ROUTE: [top_k] fp32 routing weights, written here
     T,
     I,
     H,
     top_k,
-    E,
     stride_xt,
     stride_we,
     stride_wn,
     stride_ot,
-    ROUTE: tl.constexpr,  # one token: route it here (triton_route.top_k_of_row), not read ids
-    RENORMALIZE: tl.constexpr,
-    BLOCK_E: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -145,24 +136,9 @@ def _decode_gate_up_kernel(
     pdl_wait(USE_PDL)
     p = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if ROUTE:
-        # every program routes the token (E logits from L2, the same picks in each), so no
-        # routing launch runs before this one; program (0, 0) stores the routing for `down`
-        re = tl.arange(0, BLOCK_E)
-        logits = tl.load(logits_ptr + re, mask=re < E, other=float("-inf")).to(tl.float32)
-        top_w, top_i = top_k_of_row(logits, E, top_k, RENORMALIZE, BLOCK_E, BLOCK_J)
-        rj = tl.arange(0, BLOCK_J)
-        expert = tl.sum(tl.where(rj == p, top_i, 0), axis=0).to(tl.int64)
-        if p == 0 and pid_n == 0:
-            tl.store(weights_ptr + rj, top_w, mask=rj < top_k)
-            tl.store(ids_ptr + rj, top_i, mask=rj < top_k)
-        rt = tl.arange(0, BLOCK_T)
-        hit = rt < 1
-        pair = rt + p
-    else:
-        expert, first, hit, pair = _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T, BLOCK_J)
-        if not first:
-            return
+    expert, first, hit, pair = _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T, BLOCK_J)
+    if not first:
+        return
     # rows in pairs: row 2f is gate row f, row 2f + 1 up row f (past I: row I - 1, not stored)
     rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_row = tl.minimum(rv // 2, I - 1) + (rv % 2) * I
@@ -315,50 +291,19 @@ def fused_moe(
                 down_config or tuning.decode_config(T, E, H, I, x.dtype, x.device, top_k=top_k))
 
 
-def routed_fused_moe(
-    x: torch.Tensor,  # [1, H]: one token
-    router_logits: torch.Tensor,  # [1, E]
-    w13: torch.Tensor,  # [E, 2 * I, H]
-    w2: torch.Tensor,  # [E, H, I]
-    top_k: int,
-    renormalize: bool,
-) -> torch.Tensor:  # [1, H]
-    """triton_route.route then fused_moe for one token, in two launches: the gate_up kernel
-    routes the token itself (the same picks and weights as the routing kernel)."""
-    if x.dim() != 2 or x.shape[0] != 1:
-        raise ValueError(f"routed_fused_moe takes one token, got x of shape {tuple(x.shape)}")
-    E = w13.shape[0]
-    if router_logits.shape != (1, E):
-        raise ValueError(f"router_logits must be [1, {E}], got {tuple(router_logits.shape)}")
-    if E > MAX_EXPERTS or not 1 <= top_k <= E:
-        raise ValueError(f"top_k must be in 1..{E} and the experts at most {MAX_EXPERTS}, got "
-                         f"top_k {top_k} of {E}")
-    weights = torch.empty(top_k, dtype=torch.float32, device=x.device)  # [k]
-    ids = torch.empty(top_k, dtype=torch.int32, device=x.device)  # [k]
-    check_kernel_args(x, w13, w2, weights[None], ids[None])
-    H, I = x.shape[1], w2.shape[2]
-    h = gate_up(x, w13, ids, top_k, tuning.decode_config(1, E, 2 * I, H, x.dtype, x.device),
-                route_from=(router_logits.contiguous(), weights, renormalize))
-    return down(h, w2, ids, weights, top_k, tuning.decode_config(1, E, H, I, x.dtype, x.device, top_k=top_k))
-
-
 def gate_up(
     x: torch.Tensor,  # [T, H]
     w13: torch.Tensor,  # [E, 2 * I, H]
-    ids: torch.Tensor,  # [T * k] int32 (filled here where route_from is given)
+    ids: torch.Tensor,  # [T * k] int32
     top_k: int,
     cfg: tuning.DecodeConfig,
-    route_from: tuple[torch.Tensor, torch.Tensor, bool] | None = None,  # one token's
-    # (router logits [1, E], routing weights [k] to fill, renormalize)
 ) -> torch.Tensor:  # [T * k, I]: silu(gate) * up of each (token, expert) pair
     T, H = x.shape
-    E, I = w13.shape[0], w13.shape[1] // 2
+    I = w13.shape[1] // 2
     out = torch.empty((T * top_k, I), dtype=x.dtype, device=x.device)
-    logits, weights, renormalize = route_from or (x, x, False)  # (unread without routing)
     _decode_gate_up_kernel[(T * top_k, triton.cdiv(2 * I, cfg.block_n))](
-        x, w13, ids, out, logits, weights, T, I, H, top_k, E, x.stride(0), w13.stride(0), w13.stride(1),
-        out.stride(0), ROUTE=route_from is not None, RENORMALIZE=renormalize,
-        BLOCK_E=triton.next_power_of_2(E), **_launch_options(T, top_k, H, cfg, x),
+        x, w13, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
+        **_launch_options(T, top_k, H, cfg, x),
     )
     return out
 

@@ -21,29 +21,6 @@ MAX_EXPERTS = 1024
 
 
 @triton.jit
-def top_k_of_row(logits, E, top_k, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One token's routing from its [BLOCK_E] fp32 logits (lanes past E at -inf): [BLOCK_K] fp32
-    weights and int32 expert ids, lanes past top_k 0. Shared with the decode gate_up kernel,
-    which routes a single token itself (triton_decode.py)."""
-    re = tl.arange(0, BLOCK_E)
-    num = tl.exp(logits - tl.max(logits, axis=0))
-    # lanes past E at -1, below every probability, so they are never picked
-    probs = tl.where(re < E, num / tl.sum(num, axis=0), -1.0)
-    rk = tl.arange(0, BLOCK_K)
-    top_w = tl.zeros([BLOCK_K], dtype=tl.float32)
-    top_i = tl.zeros([BLOCK_K], dtype=tl.int32)
-    for j in range(top_k):
-        best = tl.max(probs, axis=0)
-        expert = tl.min(tl.where(probs == best, re, BLOCK_E), axis=0)
-        top_w = tl.where(rk == j, best, top_w)
-        top_i = tl.where(rk == j, expert, top_i)
-        probs = tl.where(re == expert, -1.0, probs)
-    if RENORMALIZE:
-        top_w = top_w / tl.sum(top_w, axis=0)  # lanes past top_k hold 0
-    return top_w, top_i
-
-
-@triton.jit
 def _route_kernel(
     logits_ptr,  # [T, E]
     weights_ptr,  # [T, top_k] fp32
@@ -61,8 +38,20 @@ def _route_kernel(
     t = tl.program_id(0).to(tl.int64)
     re = tl.arange(0, BLOCK_E)
     logits = tl.load(logits_ptr + t * stride_t + re, mask=re < E, other=float("-inf")).to(tl.float32)
-    top_w, top_i = top_k_of_row(logits, E, top_k, RENORMALIZE, BLOCK_E, BLOCK_K)
+    num = tl.exp(logits - tl.max(logits, axis=0))
+    # lanes past E at -1, below every probability, so they are never picked
+    probs = tl.where(re < E, num / tl.sum(num, axis=0), -1.0)
     rk = tl.arange(0, BLOCK_K)
+    top_w = tl.zeros([BLOCK_K], dtype=tl.float32)
+    top_i = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for j in range(top_k):
+        best = tl.max(probs, axis=0)
+        expert = tl.min(tl.where(probs == best, re, BLOCK_E), axis=0)
+        top_w = tl.where(rk == j, best, top_w)
+        top_i = tl.where(rk == j, expert, top_i)
+        probs = tl.where(re == expert, -1.0, probs)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)  # lanes past top_k hold 0
     out = t * top_k + rk
     tl.store(weights_ptr + out, top_w, mask=rk < top_k)
     tl.store(ids_ptr + out, top_i, mask=rk < top_k)
