@@ -216,9 +216,7 @@ def test_interpreter_dispatch(T, interpreter, poisoned):
 @pytest.mark.parametrize("E,top_k", [(5, 2), (7, 3), (16, 8)])
 def test_interpreter_one_token_down(E, top_k, interpreter, poisoned):
     """One token's down kernel (all k experts in one program) with tiles that split N and walk K
-    in two steps, the second masked, and with the default tiles: against the reference, and the
-    same terms in the same order as the kernel for several tokens (the token alone in a batch
-    of 2 whose second token is a copy)."""
+    in two steps, the second masked, and with the default tiles: against the reference."""
     from hotpath.ops.moe import triton_decode
     from hotpath.ops.moe.tuning import DecodeConfig
 
@@ -230,8 +228,6 @@ def test_interpreter_one_token_down(E, top_k, interpreter, poisoned):
     assert rel_err(out, want) < TOL[torch.float32]
     out = triton_decode.fused_moe(x, w13, w2, weights, ids)
     assert rel_err(out, want) < TOL[torch.float32]
-    pair = triton_decode.fused_moe(x.repeat(2, 1), w13, w2, weights.repeat(2, 1), ids.repeat(2, 1))
-    assert torch.equal(pair[0], out[0]) and torch.equal(pair[1], out[0])
 
 
 @pytest.mark.parametrize("T,top_k,E,block_m", [(1, 2, 5, 16), (3, 3, 5, 16), (40, 3, 5, 16),
