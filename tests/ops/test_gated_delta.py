@@ -25,6 +25,10 @@ def inputs(T, num_k_heads, num_v_heads, dk, dv, seed=0):
 
 
 def hf(fn, q, k, v, g, beta, state, **kw):
+    # HF's layer repeats the key heads to the value heads before the rule (older releases' rule
+    # functions take equal head counts only)
+    ratio = v.shape[1] // k.shape[1]
+    q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
     out, final = fn(q[None], k[None], v[None], g[None], beta[None], initial_state=state[None],
                     output_final_state=True, use_qk_l2norm_in_kernel=True, **kw)
     return out[0], final[0]
