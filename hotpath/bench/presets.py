@@ -49,6 +49,16 @@ PRESETS: dict[str, dict] = {
     "qwen3.5-9b": dict(
         _HYBRID, architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=248320,
         hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_key_value_heads=4),
+    # the text models of Qwen3.5-0.8B (16 value heads, tied embeddings) and Qwen3.5-27B (24 query
+    # heads over 4 KV heads, 48 value heads)
+    "qwen3.5-0.8b": dict(
+        _HYBRID, architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=248320,
+        hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+        linear_num_value_heads=16, tie_word_embeddings=True),
+    "qwen3.5-27b": dict(
+        _HYBRID, architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=248320,
+        hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
+        num_key_value_heads=4, linear_num_value_heads=48),
     # the text model of Qwen3.5-35B-A3B (Qwen3.6-35B-A3B has the same shape)
     "qwen3.5-35b-a3b": dict(
         _HYBRID, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text",
