@@ -199,7 +199,8 @@ def _wy_kernel(
     t = d
     if C > 16:
         below = block[:, None] > block[None, :]
-        decay = tl.exp(tl.where(below, c[:, None] - c[None, :], 0.0))
+        # rows past the sequence (c = 0 there) kept out of exp: their exp(0 - c_j) may overflow
+        decay = tl.exp(tl.where(below & ok[:, None], c[:, None] - c[None, :], 0.0))
         kk = tl.dot(k, tl.trans(k), input_precision=DOT)  # [C, C]
         a_off = tl.where(below, (beta * r)[:, None] * kk * r[None, :] * decay, 0.0)
         m = tl.dot(d, a_off, input_precision=DOT)  # [C, C], zero on and above the diagonal blocks
@@ -326,7 +327,7 @@ def _output_kernel(
                 mask=(rk < DK)[:, None] & (rv < DV)[None, :], other=0.0)  # [BK, BV]
     v_new = tl.load(u_ptr + (rows[:, None] * HV + h) * DV + rv[None, :], mask=v_ok, other=0.0)
     causal = rc[:, None] >= rc[None, :]
-    decay = tl.exp(tl.where(causal, c[:, None] - c[None, :], 0.0))
+    decay = tl.exp(tl.where(causal & ok[:, None], c[:, None] - c[None, :], 0.0))  # see _wy_kernel
     qk = tl.dot(q, tl.trans(k), input_precision=DOT)  # [C, C]
     p = tl.where(causal, rq[:, None] * qk * _rnorm(k)[None, :] * decay, 0.0)
     o = tl.dot(q.to(tl.float32) * (rq * tl.exp(c))[:, None], s, input_precision=DOT)  # [C, BV]
