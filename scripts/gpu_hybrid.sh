@@ -7,7 +7,9 @@
 #            qwen3.5-9b batch 1 (with HF transformers on the same shape) and 8, qwen3.5-35b-a3b
 #            batch 1 and 8 (qwen3-next-80b-a3b's 160 GB of bf16 do not fit one H200)
 #   long     TTFT of 8K and 32K-token prompts on qwen3.5-35b-a3b
-# Usage: bash scripts/gpu_hybrid.sh [tests] [fla] [latency] [long]
+#   chat     a two-turn chat through hotpath serve on qwen3.5-35b-a3b (scripts/two_turn_chat.py;
+#            the server's wheels and the Qwen3 tokenizer from .whl/)
+# Usage: bash scripts/gpu_hybrid.sh [tests] [fla] [latency] [long] [chat]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hotpath-gpu}
@@ -35,4 +37,9 @@ if [[ $what == *" long "* ]]; then
     timeout 200 $bench --preset qwen3.5-35b-a3b --batch-size 1 --input-len $n --output-len 8 \
       --json "$OUT/latency_qwen3.5-35b-a3b_${n}.json" 2>&1 | grep -E "TTFT|TPOT|matmul"
   done
+fi
+if [[ $what == *" chat "* ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -2
+  PYTHONPATH=$PWD:/tmp/site timeout 400 python3 scripts/two_turn_chat.py --preset qwen3.5-35b-a3b --out "$OUT" \
+    2>&1 | tail -4
 fi
