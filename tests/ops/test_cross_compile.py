@@ -43,7 +43,7 @@ from hotpath.config import ModelConfig  # noqa: E402
 from hotpath.models.registry import config_from_hf, get_model_class  # noqa: E402
 from hotpath.ops import backend, triton_utils  # noqa: E402
 from hotpath.ops.attention import decode_splits, paged_attention, write_kv_cache  # noqa: E402
-from hotpath.ops.gated_delta import decode_step  # noqa: E402
+from hotpath.ops.gated_delta import decode_step, triton_chunked  # noqa: E402
 from hotpath.ops.sampling import greedy_sample  # noqa: E402
 from hotpath.runner.decode_inputs import DecodeInputs  # noqa: E402
 from hotpath.runner.forward_batch import ForwardBatch  # noqa: E402
@@ -263,6 +263,16 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
                 *[torch.empty(hv, dtype=torch.bfloat16, device=META)] * 2,
                 torch.empty(slots, hv, d, d, dtype=torch.float32, device=META),
                 torch.empty(rows, dtype=torch.int64, device=META), _ints([5] * rows, torch.int32), hk)
+    # its prefill (triton_chunked, chunks of 64; called directly, as no layer calls it yet) at the
+    # same shape: two sequences, 1512 tokens
+    tokens, cu = 1512, _ints([0, 1000, 1512], torch.int32)
+    triton_chunked.gated_delta_rule(
+        *[torch.empty(tokens, hk, d, dtype=torch.bfloat16, device=META)] * 2,
+        torch.empty(tokens, hv, d, dtype=torch.bfloat16, device=META),
+        torch.empty(tokens, hv, dtype=torch.float32, device=META),
+        torch.empty(tokens, hv, dtype=torch.bfloat16, device=META), cu,
+        torch.empty(slots, hv, d, d, dtype=torch.float32, device=META),
+        torch.empty(2, dtype=torch.int64, device=META))
 
 
 def _key(value) -> object:
