@@ -122,8 +122,9 @@ def run_fla(q, k, v, g, beta, cu_dev64, cu_cpu64, initial):
 print(f"device: {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu (interpreter)'}; "
       f"Hk={HK} Hv={HV} Dk={DK} Dv={DV} {str(DTYPE).removeprefix('torch.')} chunk={C}")
 print(f"FLA: {'fla-core chunk_gated_delta_rule' if fla_chunk else 'unavailable (' + FLA_MISSING + ')'}")
-header = f"{'tokens':>7} {'seqs':>4} | {'hotpath us':>11} {'TF/s':>6} | {'FLA us':>11} {'TF/s':>6} | " \
-         f"{'reference us':>12} {'TF/s':>6} | {'vs FLA: out':>11} {'states':>8} | {'vs ref: out':>11} {'states':>8}"
+header = (f"{'tokens':>7} {'seqs':>4} | {'hotpath us':>11} {'TF/s':>6} | {'FLA us':>11} {'TF/s':>6} | "
+          f"{'reference us':>12} {'TF/s':>6} | {'vs FLA: out':>11} {'states':>8} | "
+          f"{'vs ref: out':>11} {'states':>8}")
 print(header)
 print("-" * len(header))
 for tokens in TOKENS:
@@ -149,7 +150,8 @@ for tokens in TOKENS:
             fla_out, fla_final = run_fla(q, k, v, g, beta, cu64, cu_cpu64, initial)
             us = time_us(lambda: run_fla(q, k, v, g, beta, cu64, cu_cpu64, initial))
             cells.append(f"{us:11.1f} {fl / us / 1e6:6.1f}")
-            fla_err = (f"{rel_err(ours, fla_out):11.2e}", f"{rel_err(ours_states[slots_dev], fla_final):8.2e}")
+            ours_final = ours_states[slots_dev]
+            fla_err = (f"{rel_err(ours, fla_out):11.2e}", f"{rel_err(ours_final, fla_final):8.2e}")
             del fla_out, fla_final
         else:
             cells.append(f"{'unavailable':>11} {'':>6}")
@@ -162,7 +164,8 @@ for tokens in TOKENS:
             scratch = states.clone()
             us = time_us(lambda: reference.gated_delta_rule(qf, kf, vf, g, bf, cu, scratch, slots))
             cells.append(f"{us:12.1f} {fl / us / 1e6:6.2f}")
-            ref_err = (f"{rel_err(ours, want):11.2e}", f"{rel_err(ours_states[slots_dev], ref_states[slots_dev]):8.2e}")
+            ref_final = ref_states[slots_dev]
+            ref_err = (f"{rel_err(ours, want):11.2e}", f"{rel_err(ours_states[slots_dev], ref_final):8.2e}")
             del qf, kf, vf, bf, want, scratch
         else:
             cells.append(f"{'skipped':>12} {'':>6}")

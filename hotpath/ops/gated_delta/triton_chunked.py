@@ -24,7 +24,9 @@ L2-normalised (q also scaled by 1 / sqrt(Dk)):
 2. `_wy_kernel`, a program per (chunk, value head): with D the block-diagonal of the D_b and
    A_off A's part below the diagonal blocks, I + A = (I + A_diag)(I + M) for M = D A_off, which
    is nilpotent over the blocks (M^(C/16) = 0), so T = (I - M)(I + M^2) D for C = 64 (I - M for
-   32, D for 16): four [C, C] matmuls, no serial steps. Then W and U (stored, fp32).
+   32, D for 16): four [C, C] matmuls, no serial steps. (Its terms are the products of blocks
+   that block forward substitution sums, grouped otherwise: no larger.) Then W and U (stored,
+   fp32).
 3. `_state_kernel`, a program per (sequence, value head, block of BV state columns), walking the
    sequence's chunks in order with the state columns S [Dk, BV] in fp32 registers:
        h[chunk] = S                      the state the chunk starts from (stored, fp32)
@@ -33,18 +35,20 @@ L2-normalised (q also scaled by 1 / sqrt(Dk)):
    from the slot's state; the final S is written back to the slot. The sequential part: two
    [C, Dk] x [Dk, BV]-sized matmuls a chunk.
 4. `_output_kernel`, a program per (chunk, value head, block of BV output columns):
-       O = (q exp(c)) h[chunk] + ((q k^T) * D) V',   D[i, j] = exp(c_i - c_j) for j <= i, else 0
+       O = (q exp(c)) h[chunk] + ((q k^T) * G) V',   G[i, j] = exp(c_i - c_j) for j <= i, else 0
 
 Precision: the state, the recurrence and every stored intermediate (c, D, W, U / V', h) are fp32.
 Products of keys and queries (k k^T, q k^T) take the inputs as stored (bf16 products are exact)
 and apply the L2 norms after. With fp32 inputs every matmul is fp32-exact ("bf16x6": each operand
 split into three bf16 parts; "ieee" in the interpreter), for parity with the reference to ~1e-6;
 with 16-bit inputs the fp32 operands take Triton's default input precision (TF32 on NVIDIA, fp32
-on AMD).
+on AMD), which a torch emulation of these steps (TF32 operands truncated) puts at ~1e-3 relative
+error in the final states and ~2e-3 in bf16 outputs at Qwen3-Next's shape, most of the latter the
+output's own rounding to bf16.
 
 Memory: the work buffers are per token 4 * Hv * (17 + Dk + Dv) bytes (c, D, W, U) and per chunk
 4 * Hv * Dk * Dv bytes (h): at Qwen3-Next's shape (Hv = 32, Dk = Dv = 128, C = 64) about 35 KB a
-token plus 2 MB a chunk, 4.3 GB for 64K tokens. A caller prefilling longer prompts may cut them
+token plus 2 MB a chunk, 4.5 GB for 64K tokens. A caller prefilling longer prompts may cut them
 into pieces: the rule resumes from the slot's state exactly.
 """
 
@@ -56,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait, sm_count
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait
 
 CHUNK_SIZES = (16, 32, 64)
 
@@ -369,7 +373,7 @@ def gated_delta_rule(
     states: torch.Tensor,  # [num_slots, Hv, Dk, Dv] fp32, updated in place
     slots: torch.Tensor,  # [num_seqs] int on the device: sequence i's state slot
     chunk_size: int = 64,
-    chunks: tuple[torch.Tensor, torch.Tensor] | None = None,  # chunk_table(cu_seqlens, num_tokens, chunk_size)
+    chunks: tuple[torch.Tensor, torch.Tensor] | None = None,  # chunk_table(cu_seqlens, T, chunk_size)
 ) -> torch.Tensor:  # [num_tokens, Hv, Dv] in v's dtype
     """reference.gated_delta_rule on the GPU: each sequence's tokens from its slot's state, in
     chunks of `chunk_size` (16, 32 or 64) tokens from its first, the state after its last token
@@ -388,7 +392,8 @@ def gated_delta_rule(
             or beta.shape != g.shape:
         raise ValueError(f"shapes do not agree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    if states.shape[1:] != (num_v_heads, dk, dv) or states.dtype != torch.float32 or not states.is_contiguous():
+    if (states.shape[1:] != (num_v_heads, dk, dv) or states.dtype != torch.float32
+            or not states.is_contiguous()):
         raise ValueError(f"states must be contiguous fp32 [num_slots, {num_v_heads}, {dk}, {dv}], got "
                          f"{states.dtype} {tuple(states.shape)}")
     out = torch.empty((num_tokens, num_v_heads, dv), dtype=v.dtype, device=v.device)
