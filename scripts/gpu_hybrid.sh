@@ -17,7 +17,9 @@ mkdir -p "$OUT"
 what=" $* "
 bench="python3 -m hotpath.cli bench latency"
 if [[ $what == *" fla "* ]]; then
-  python3 -m pip install -q --no-deps --no-index .whl/einops-*.whl .whl/fla_core-*.whl 2>&1 | grep -v WARNING | tail -2
+  python3 -m pip install -q --no-deps --no-index --target /tmp/fla .whl/einops-*.whl .whl/fla_core-*.whl 2>&1 \
+    | grep -v WARNING | tail -2
+  export PYTHONPATH=$PYTHONPATH:/tmp/fla
 fi
 if [[ $what == *" tests "* ]]; then
   timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_gated_delta*.py \
