@@ -17,7 +17,10 @@ Each sequence's conv and recurrent states live in its slot of the layer's state 
 whose step starts at position 0 starts from zero states; otherwise it continues from its slot, so
 chunked prefill and decoding resume where the last step left off. The arithmetic is the torch
 reference (hotpath/ops/gated_delta), one sequence at a time, except decode steps (one token per
-sequence), which run the decode step's kernels on the GPU: two launches for all sequences.
+sequence), which run the decode step's kernels on the GPU: two launches for all sequences, and no
+host reads, so the runner's decode CUDA graphs hold them (the slots come from the graphs' static
+inputs; around a graph's replay the runner restores and saves state snapshots itself, with
+`restore` and `save`).
 """
 
 from __future__ import annotations
@@ -99,9 +102,12 @@ class GatedDeltaNet(nn.Module):
         for pool, saved in zip(self.state, self.snapshots):
             pool[slots] = saved[snapshot_ids]
 
-    def _save(self, slots: list[int], snapshot_ids: list[int]) -> None:
+    def save(self, slots: list[int] | torch.Tensor, snapshot_ids: list[int] | torch.Tensor) -> None:
+        """Each snapshot's states := its slot's (a block boundary)."""
+        device = self.state[0].device
+        slots, snapshot_ids = torch.as_tensor(slots, device=device), torch.as_tensor(snapshot_ids, device=device)
         for pool, saved in zip(self.state, self.snapshots):
-            saved[torch.tensor(snapshot_ids, device=pool.device)] = pool[torch.tensor(slots, device=pool.device)]
+            saved[snapshot_ids] = pool[slots]
 
     def fuses(self, x: torch.Tensor) -> bool:
         return False  # no fused decode form yet
@@ -136,9 +142,9 @@ class GatedDeltaNet(nn.Module):
         if batch.max_query_len == 1:  # decode: every sequence one token, all at once
             out = decode_step(mixed, weight, conv_states, a, b, self.A_log, self.dt_bias, states,
                               batch.state_slots, batch.context_lens, self.num_k_heads)
-            if saves:  # after the token: the state at a block boundary
-                slots = batch.state_slots.tolist()
-                self._save([slots[row] for row in saves], [snap for _, snap in saves.values()])
+            if saves:  # after the token: the state at a block boundary (eager steps; a graph's: the runner)
+                rows = torch.tensor(list(saves), device=x.device)  # rows on the host, slots on the device
+                self.save(batch.state_slots[rows], [snap for _, snap in saves.values()])
             return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
         g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
         out = torch.empty_like(v)
@@ -155,7 +161,7 @@ class GatedDeltaNet(nn.Module):
                 if piece.start < piece.stop:
                     out[piece] = self._run(mixed[piece], weight, g[piece], beta[piece], slot)
                 if snap is not None and piece.stop == first + cut:
-                    self._save([slot], [snap])
+                    self.save([slot], [snap])
                     snap = None
         return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
 

@@ -1,16 +1,19 @@
 """The decode graphs' integer inputs in one device buffer, written by one host-to-device copy a step.
 
-A decode step's inputs are a few ints per row (token id, position, cache slot, context length)
-plus the block tables. They are built as one host list and sent in one copy into one int32
-device buffer that every graph's input tensors are views of (offsets in int32 elements):
+A decode step's inputs are a few ints per row (token id, position, cache slot, context length;
+a hybrid model's state slot) plus the block tables. They are built as one host list and sent in
+one copy into one int32 device buffer that every graph's input tensors are views of (offsets in
+int32 elements):
 
     [ row sources 2n | block tables s x w | out slot 2 | context lens s | positions 2s | slots 2s |
-      token ids ]   (token ids start at `ids_offset`)
+      state slots 2s | token ids ]   (token ids start at `ids_offset`)
 
-A graph of s rows reads the out slot, the s context lengths, positions and slots that end at
-`ids_offset` and the first s token ids after it, so every section a step sends is contiguous with
-the next: the step copies the one slice from its first section up to `ids_offset` (+ its token
-ids). The block tables are sent only when they changed, and moved into place by the device
+The state slots (ForwardBatch.state_slots: each row's slot in the linear-attention layers' state
+pools) are there only for hybrid models (`scratch_state_slot` given); otherwise that section is
+empty. A graph of s rows reads the out slot, the s context lengths, positions, slots and state
+slots that end at `ids_offset` and the first s token ids after it, so every section a step sends
+is contiguous with the next: the step copies the one slice from its first section up to
+`ids_offset` (+ its token ids). The block tables are sent only when they changed, and moved into place by the device
 afterwards. Under async scheduling the token ids come from the previous step's sampled ids on the
 device instead, gathered through the row sources when the rows moved.
 
@@ -54,16 +57,22 @@ def _pairs(values: list[int]) -> list[int]:
 
 class DecodeInputs:
     def __init__(
-        self, max_rows: int, max_blocks: int, scratch_block: int, block_size: int, device: torch.device
+        self, max_rows: int, max_blocks: int, scratch_block: int, block_size: int, device: torch.device,
+        scratch_state_slot: int | None = None,
     ) -> None:
         self.scratch_block = scratch_block
         self.block_size = block_size
+        # hybrid models: the state slot no sequence owns, which padding rows read and write
+        # (None: no state slots, the section is empty)
+        self.scratch_state_slot = scratch_state_slot
+        self._state_width = 0 if scratch_state_slot is None else 2  # int32 per row
         # fresh pinned host memory each step: torch's caching host allocator hands a pinned block
         # out again only after the copy that reads it has finished, so no step can overwrite the
         # inputs of one still in flight (a single reused pinned buffer would race)
         self.pin = device.type == "cuda"
         # the widest step: every section at max_rows, each padded to an even length
-        self.ids_offset = 2 * max_rows + _even(max_rows * max_blocks) + 2 + _even(max_rows) + 4 * max_rows
+        self.ids_offset = (2 * max_rows + _even(max_rows * max_blocks) + 2 + _even(max_rows)
+                           + (4 + self._state_width) * max_rows)
         self.buffer = torch.zeros(self.ids_offset + 2 * max_rows, dtype=torch.int32, device=device)
         # [max_rows] int64: the graphs' input token ids, and where they write their greedy tokens
         self.token_ids = self.buffer[self.ids_offset :].view(torch.int64)
@@ -84,16 +93,20 @@ class DecodeInputs:
         self._sent_tables: list[list[int]] = []  # the block table rows as last sent
 
     # ---- the views a graph of `size` rows captures -------------------------------------------
-    def _offsets(self, size: int) -> tuple[int, int, int]:
-        """(context lens, positions, slots) offsets for a graph of `size` rows; the out slot is the
-        two int32 before the context lens."""
-        slots = self.ids_offset - 2 * size
+    def _offsets(self, size: int) -> tuple[int, int, int, int]:
+        """(context lens, positions, slots, state slots) offsets for a graph of `size` rows; the
+        out slot is the two int32 before the context lens."""
+        state_slots = self.ids_offset - self._state_width * size
+        slots = state_slots - 2 * size
         positions = slots - 2 * size
-        return positions - _even(size), positions, slots
+        return positions - _even(size), positions, slots, state_slots
 
     def views(self, size: int, max_context_len: int) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:
         """(token ids, positions, batch) of a decode graph of `size` rows."""
-        ctx, pos, slots = self._offsets(size)
+        ctx, pos, slots, state = self._offsets(size)
+        state_slots = None
+        if self.scratch_state_slot is not None:
+            state_slots = self.buffer[state : state + 2 * size].view(torch.int64)
         batch = ForwardBatch(
             cu_query_lens=self.cu_query_lens[: size + 1],
             context_lens=self.buffer[ctx : ctx + size],
@@ -102,6 +115,7 @@ class DecodeInputs:
             logits_indices=self.logits_indices[:size],
             max_query_len=1,
             max_context_len=max_context_len,
+            state_slots=state_slots,  # no state_saves: a step that saves a snapshot runs eagerly
         )
         return self.token_ids[:size], self.buffer[pos : pos + 2 * size].view(torch.int64), batch
 
@@ -130,7 +144,8 @@ class DecodeInputs:
     ) -> None:
         """Writes a decode step's inputs for a graph of `size` rows: row i decodes seqs[i] (the
         token at its position num_computed_tokens); rows past len(seqs) are padding that attends
-        to one token of the scratch block and writes its K/V there. The graph writes its greedy
+        to one token of the scratch block and writes its K/V there (and, in a hybrid model, starts
+        the scratch state slot from zero states, a first token's context of 1). The graph writes its greedy
         tokens to ring row `slot` on the host (None: to the row nobody reads).
 
         With `prev` = (sampled ids on the device, source rows), row i's token is sampled_ids[
@@ -171,14 +186,16 @@ class DecodeInputs:
         return flat + [0] * (len(flat) & 1), width
 
     def _row_inputs(self, seqs: list[Sequence], size: int, with_ids: bool) -> list[int]:
-        """Context lengths, positions, slots (and token ids) of `size` rows, laid out as a graph of
-        that size reads them."""
+        """Context lengths, positions, slots, state slots (and token ids) of `size` rows, laid out
+        as a graph of that size reads them."""
         bs = self.block_size
         pad = size - len(seqs)
         positions = [seq.num_computed_tokens for seq in seqs]
         ctx = [p + 1 for p in positions] + [1] * pad + [0] * (size & 1)
         slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
         rows = ctx + _pairs(positions + [0] * pad) + _pairs(slots + [self.scratch_block * bs] * pad)
+        if self.scratch_state_slot is not None:
+            rows += _pairs([seq.state_slot for seq in seqs] + [self.scratch_state_slot] * pad)
         if with_ids:
             rows += _pairs([seq.token_at(p) for seq, p in zip(seqs, positions)] + [0] * pad)
         return rows

@@ -124,9 +124,12 @@ class ModelRunner:
         self.num_state_slots = engine_config.max_num_seqs if self.state_layers else 0
         # and as many snapshots of it, for prefix caching (engine/state_snapshots.py)
         self.num_snapshots = self.num_state_slots if engine_config.enable_prefix_caching else 0
+        # one slot more than the manager hands out: padding rows of a CUDA graph batch use it
+        # (allocated before the KV blocks are sized, so it counts against the memory budget too)
+        self.scratch_state_slot = self.num_state_slots if self.state_layers else None
         for layer in self.state_layers:
             spec = layer.cache_spec()
-            layer.bind_cache(spec.allocate(self.num_state_slots, dtype, device),
+            layer.bind_cache(spec.allocate(self.num_state_slots + 1, dtype, device),
                              spec.allocate(self.num_snapshots, dtype, device))
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
@@ -134,10 +137,9 @@ class ModelRunner:
         self.graphs: dict[int, tuple[Replayable, torch.Tensor]] = {}  # batch size -> (graph, logits)
         # batch size -> [(longest context, graph, logits)], ascending: graphs for short contexts
         self.short_graphs: dict[int, list[tuple[int, Replayable, torch.Tensor]]] = {}
-        # the reference ops read lengths on the host, which a graph capture cannot hold; so do the
-        # linear-attention layers until their Triton kernels come
-        if (device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device))
-                and not self.state_layers):
+        # the reference ops read lengths on the host, which a graph capture cannot hold (hybrids
+        # too: their decode steps run the linear-attention layers' Triton kernels, no host sync)
+        if device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device)):
             self._capture_decode_graphs()
 
     # ---- caches ---------------------------------------------------------------------------
@@ -246,19 +248,39 @@ class ModelRunner:
     def _state_saves(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[int, int, int]] | None:
         """Hybrid models: first the snapshots the step's sequences start from (a prefix hit) are
         copied into their slots; returns where the step saves snapshots, (row, tokens into the
-        row's chunk, snapshot id)."""
+        row's chunk, snapshot id), for the layers to save as they go."""
         if not self.state_layers:
             return None
+        self._restore_snapshots(scheduled)
+        saves = [(row, *seq.save_at) for row, (seq, _) in enumerate(scheduled) if seq.save_at is not None]
+        for seq, _ in scheduled:
+            seq.save_at = None
+        return saves
+
+    def _restore_snapshots(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """Copies the snapshots the step's sequences start from (a prefix hit) into their slots."""
         restores = [(seq.state_slot, seq.restore_snapshot) for seq, _ in scheduled
                     if seq.restore_snapshot is not None]
         if restores:
             slots, snaps = (torch.tensor(x, device=self.device) for x in zip(*restores))
             for layer in self.state_layers:
                 layer.restore(snaps, slots)
-        saves = [(row, *seq.save_at) for row, (seq, _) in enumerate(scheduled) if seq.save_at is not None]
+            for seq, _ in scheduled:
+                seq.restore_snapshot = None
+
+    def _save_decoded_snapshots(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """A decode graph step's snapshot saves, queued behind its replay: each sequence's state
+        after its one token (the only place a decode step saves)."""
+        saves = [(seq.state_slot, *seq.save_at) for seq, _ in scheduled if seq.save_at is not None]
+        if not saves:
+            return
+        slots, cuts, snaps = zip(*saves)
+        assert set(cuts) == {1}, "a decode step saves after its token"
+        slots, snaps = torch.tensor(slots, device=self.device), torch.tensor(snaps, device=self.device)
+        for layer in self.state_layers:
+            layer.save(slots, snaps)
         for seq, _ in scheduled:
-            seq.restore_snapshot = seq.save_at = None
-        return saves
+            seq.save_at = None
 
     def _split_batch(
         self, batch: ForwardBatch, num_few: int, cu_query_lens: list[int], context_lens: list[int],
@@ -304,7 +326,11 @@ class ModelRunner:
             inputs = self.decode_inputs
             plain = all(is_plain_greedy(seq) for seq in sampling)  # the graph samples them
             slot = inputs.take_slot() if plain and inputs.mapped else None
+            if self.state_layers:  # a hybrid's state snapshots: restored before the replay, saved after
+                self._restore_snapshots(scheduled)
             logits = self._run_decode_graph(scheduled, graph_size, prev, slot)
+            if self.state_layers:
+                self._save_decoded_snapshots(scheduled)
             if plain:
                 n = len(sampling)
                 return self._launched(scheduled, sampling, inputs.token_ids[:n], inputs.logprobs[:n],
@@ -388,14 +414,17 @@ class ModelRunner:
         """The captured batch size to run this step with, or 0 to run it eagerly."""
         if not self.graphs or any(n != 1 or seq.num_computed_tokens + 1 != seq.num_tokens for seq, n in scheduled):
             return 0
+        # a hybrid's snapshot saves and restores do not make a step eager: launch copies them around
+        # the replay (at 16-token blocks a batch of 64 has some sequence at a boundary nearly every step)
         return next((size for size in self.graphs if size >= len(scheduled)), 0)  # ascending
 
     def _capture_decode_graphs(self, capture: Capture | None = None) -> None:
         """Captures model forward + LM head + greedy sampling for decode batches of each bucket size.
 
         Graphs replay on static buffers (runner/decode_inputs.py): every step copies its token ids,
-        positions, slots, context lengths and block tables into them, in one copy. Rows past the
-        real batch attend to one token in the scratch block, so padding never touches a sequence's
+        positions, slots, context lengths, block tables (and a hybrid's state slots) into them, in
+        one copy. Rows past the real batch attend to one token in the scratch block and run the
+        linear-attention layers on the scratch state slot, so padding never touches a sequence's
         cache. Small batches also get graphs for short contexts (SHORT_CONTEXT_GRAPHS). `capture`
         records one forward (a CUDA graph by default; tests pass an eager stand-in to run this
         path on the CPU)."""
@@ -403,7 +432,8 @@ class ModelRunner:
         max_bs = min(ec.max_num_seqs, 256)
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_bs} | {max_bs})
         max_blocks = -(-ec.max_model_len // self.block_size)
-        self.decode_inputs = DecodeInputs(max_bs, max_blocks, self.scratch_block, self.block_size, self.device)
+        self.decode_inputs = DecodeInputs(max_bs, max_blocks, self.scratch_block, self.block_size, self.device,
+                                          self.scratch_state_slot)
         stand_in = capture is not None
         if capture is None:
             pool = torch.cuda.graph_pool_handle()  # shared: graphs never replay at the same time
@@ -415,8 +445,8 @@ class ModelRunner:
             carveout = contextlib.nullcontext() if stand_in else self._decode_carveout(bs)
             with torch.inference_mode(), carveout:
                 # the warm-up runs the kernels on these inputs: padding rows (one key each in the
-                # scratch block), never the buffer's zeros (a context of 0 keys puts a query at
-                # position -1, and its cos/sin load one row before the table)
+                # scratch block, the scratch state slot), never the buffer's zeros (a context of
+                # 0 keys puts a query at position -1, and its cos/sin load one row before the table)
                 self.decode_inputs.fill([], bs)
                 self.graphs[bs] = capture(self._decode_forward(bs, max_len))
                 splits = decode_splits(bs, kv_heads, max_len, self.device)

@@ -170,6 +170,51 @@ def test_async_scheduling_with_decodes_the_budget_left_out(prompts):
     assert_same(generate(llm, requests, params), want)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("name", ["qwen3next-hybrid", "qwen3_5-dense"])
+def test_hybrid_decode_through_the_graphs(name, async_scheduling, tiny_model_factory, monkeypatch):
+    """A hybrid model's decode steps replay the graphs (each row's state slot among the static
+    inputs, padding rows on the scratch slot) and give the eager path's tokens and logprobs. Steps
+    that save a state snapshot (a block boundary) or restore one (a prefix hit whose first step is
+    a single token) replay the graph too: the runner restores before the replay and saves after
+    it. The same prompts again restore snapshots; the 17-token one alone is such a first step; a
+    second turn (a prompt and its output and more) restores one a decode graph step saved."""
+    path, hf_model = tiny_model_factory(name)
+    g = torch.Generator().manual_seed(6)
+    ps = [torch.randint(3, hf_model.config.vocab_size, (n,), generator=g).tolist() for n in (3, 17, 40)]
+    # decodes cross block boundaries (16 tokens); the 17-token prompt's hit leaves one token
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, logprobs=0) for m in (24, 18, 24)]
+    rounds = [(ps, params), (ps, params), (ps[1:2], params[1])]
+    eager = make_llm(path, graphs=False, async_scheduling=async_scheduling)
+    want = [generate(eager, *r) for r in rounds]
+    # its hit reaches the first turn's last boundary, 48 tokens: a decode step's save
+    turn2 = [ps[2] + want[0][2][0][0] + list(range(3, 13))]
+    rounds.append((turn2, params[0]))
+    want.append(generate(eager, *rounds[-1]))
+    llm = make_llm(path, graphs=True, async_scheduling=async_scheduling)
+    runner = llm.engine.runner
+    steps = []  # [decode-shaped, saves a snapshot, restores one, replayed a graph] per launch
+    launch, run_graph = runner.launch, runner._run_decode_graph
+
+    def launch_spy(scheduled, prev=None):
+        steps.append([all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens for s, n in scheduled),
+                      any(s.save_at is not None for s, _ in scheduled),
+                      any(s.restore_snapshot is not None for s, _ in scheduled), False])
+        return launch(scheduled, prev)
+
+    def graph_spy(*args):
+        steps[-1][3] = True
+        return run_graph(*args)
+
+    monkeypatch.setattr(runner, "launch", launch_spy)
+    monkeypatch.setattr(runner, "_run_decode_graph", graph_spy)
+    assert_same([generate(llm, *r) for r in rounds], want)
+    decodes = [(save, restore, graph) for decode, save, restore, graph in steps if decode]
+    assert any(save for save, _, _ in decodes) and any(restore for _, restore, _ in decodes)
+    assert all(graph for _, _, graph in decodes), decodes
+    assert llm.engine.kv_cache.prefix_hit_tokens > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_graph_greedy_matches_the_sampler(prompts, dtype):

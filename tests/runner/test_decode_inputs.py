@@ -107,3 +107,33 @@ def test_out_slot_reaches_every_graph_size():
         assert host_ids.shape == host_logprobs.shape == (OUT_SLOTS + 1, size)
     inputs.release_slot(taken[1])
     assert inputs.take_slot() == taken[1]
+
+
+def test_state_slots_of_a_hybrid_model():
+    """A hybrid model's inputs carry each row's state slot, padding rows the scratch slot, for
+    every graph size; the other sections read what they read without state slots. A dense model's
+    inputs have none."""
+    scratch_slot = 8
+    inputs = DecodeInputs(max_rows=8, max_blocks=6, scratch_block=SCRATCH, block_size=BLOCK,
+                          device=torch.device("cpu"), scratch_state_slot=scratch_slot)
+    a, b, c = (seq(i, [5, 6], [8] * i, [3 + i]) for i in range(3))
+    for s, slot in ((a, 5), (b, 0), (c, 7)):
+        s.state_slot = slot
+    for seqs, size in (([a, b, c], 4), ([c], 1), ([b, a], 2), ([c, a, b], 8)):
+        inputs.fill(seqs, size)
+        check(inputs, seqs, size)
+        _, _, batch = inputs.views(size, max_context_len=64)
+        assert batch.state_slots.dtype == torch.int64
+        assert batch.state_slots.tolist() == [s.state_slot for s in seqs] + [scratch_slot] * (size - len(seqs))
+        assert batch.state_saves is None
+    # async scheduling: the ids from the device, the state slots from the host as before
+    inputs.token_ids[:2] = torch.tensor([40, 41])
+    inputs.fill([b, a], 2, (inputs.token_ids[:2], [1, 0]))
+    ids, _, batch = inputs.views(2, max_context_len=64)
+    assert ids.tolist() == [41, 40] and batch.state_slots.tolist() == [0, 5]
+
+    dense = DecodeInputs(max_rows=8, max_blocks=6, scratch_block=SCRATCH, block_size=BLOCK,
+                         device=torch.device("cpu"))
+    dense.fill([a, b], 2)
+    assert dense.views(2, max_context_len=64)[2].state_slots is None
+    assert dense.ids_offset == inputs.ids_offset - 2 * 8  # the section takes room only in a hybrid's
