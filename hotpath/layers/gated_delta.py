@@ -15,12 +15,12 @@ projection (one matmul for the four).
 Each sequence's conv and recurrent states live in its slot of the layer's state pool (declared by
 `cache_spec`, bound by the runner; `ForwardBatch.state_slots` names a step's slots). A sequence
 whose step starts at position 0 starts from zero states; otherwise it continues from its slot, so
-chunked prefill and decoding resume where the last step left off. The arithmetic is the torch
-reference (hotpath/ops/gated_delta), one sequence at a time, except decode steps (one token per
-sequence), which run the decode step's kernels on the GPU: two launches for all sequences, and no
-host reads, so the runner's decode CUDA graphs hold them (the slots come from the graphs' static
-inputs; around a graph's replay the runner restores and saves state snapshots itself, with
-`restore` and `save`).
+chunked prefill and decoding resume where the last step left off. On the GPU, prefill runs the
+conv a sequence at a time (torch) and the delta rule as one varlen kernel chain for all sequences
+(hotpath/ops/gated_delta/triton_chunked.py); decode steps (one token per sequence) run the decode
+step's kernels: two launches for all sequences, and no host reads, so the runner's decode CUDA
+graphs hold them (the slots come from the graphs' static inputs; around a graph's replay the
+runner restores and saves state snapshots itself, with `restore` and `save`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from hotpath.layers.cache import StateCacheSpec
 from hotpath.layers.linear import Linear
-from hotpath.ops.gated_delta import decode_step, reference
+from hotpath.ops.gated_delta import decode_step, gated_delta_rule, reference
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -147,32 +147,58 @@ class GatedDeltaNet(nn.Module):
                 self.save(batch.state_slots[rows], [snap for _, snap in saves.values()])
             return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
         g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
-        out = torch.empty_like(v)
-        cu = batch.cu_query_lens.tolist()
-        starts = [c - (cu[i + 1] - cu[i]) for i, c in enumerate(batch.context_lens.tolist())]
-        for i, slot in enumerate(batch.state_slots.tolist()):
-            if starts[i] == 0:  # a sequence's first step: nothing before it
-                conv_states[slot].zero_()
-                states[slot].zero_()
-            # in two pieces where the step saves a snapshot inside the chunk
-            first, end = cu[i], cu[i + 1]
-            cut, snap = saves.get(i, (end - first, None))
-            for piece in (slice(first, first + cut), slice(first + cut, end)):
-                if piece.start < piece.stop:
-                    out[piece] = self._run(mixed[piece], weight, g[piece], beta[piece], slot)
-                if snap is not None and piece.stop == first + cut:
-                    self.save([slot], [snap])
-                    snap = None
+        out = self._prefill(mixed, weight, g, beta, batch, saves)
         return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
 
-    def _run(self, mixed: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-             slot: int) -> torch.Tensor:  # [n, Hv, Dv]
-        """One sequence's tokens from its slot's states, the states after them written back."""
+    def _prefill(self, mixed: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 batch: ForwardBatch, saves: dict[int, tuple[int, int]]) -> torch.Tensor:  # [T, Hv, Dv]
+        """Each sequence's tokens from its slot's states, the states after them written back; where
+        the step saves a snapshot `cut` tokens into a sequence's chunk, the rule runs in two
+        rounds (every sequence up to its cut, the snapshots, then the rest)."""
         conv_states, states = self.state
-        y, conv_states[slot] = reference.causal_conv1d(mixed, weight, None, conv_states[slot])
+        cu = batch.cu_query_lens.tolist()
+        slots = batch.state_slots.tolist()
+        starts = [c - (cu[i + 1] - cu[i]) for i, c in enumerate(batch.context_lens.tolist())]
+        fresh = [slot for slot, start in zip(slots, starts) if start == 0]
+        if fresh:  # a sequence's first step: nothing before it
+            fresh_slots = torch.tensor(fresh, device=mixed.device)
+            conv_states[fresh_slots] = 0
+            states[fresh_slots] = 0
+        # the conv, a sequence at a time; its state at a cut is the last inputs before the cut
+        y = torch.empty_like(mixed)  # [T, conv_dim]
+        conv_at_cut = {}
+        for i, slot in enumerate(slots):
+            first, end = cu[i], cu[i + 1]
+            if i in saves:
+                inputs = torch.cat([conv_states[slot], mixed[first : first + saves[i][0]].T.to(conv_states.dtype)], 1)
+                conv_at_cut[i] = inputs[:, inputs.shape[1] - (self.conv_width - 1):]
+            y[first:end], conv_states[slot] = reference.causal_conv1d(mixed[first:end], weight, None,
+                                                                      conv_states[slot])
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        n = q.shape[0]
-        out, states[slot] = reference.chunked(
-            q.reshape(n, self.num_k_heads, self.k_head_dim), k.reshape(n, self.num_k_heads, self.k_head_dim),
-            v.reshape(n, self.num_v_heads, self.v_head_dim), g, beta, states[slot])
+        q = q.reshape(-1, self.num_k_heads, self.k_head_dim)
+        k = k.reshape(-1, self.num_k_heads, self.k_head_dim)
+        v = v.reshape(-1, self.num_v_heads, self.v_head_dim)
+        if not saves:
+            return gated_delta_rule(q, k, v, g, beta, cu, states, slots)
+        cuts = [saves[i][0] if i in saves else cu[i + 1] - cu[i] for i in range(len(slots))]
+        out = torch.empty_like(v)
+        rule = (q, k, v, g, beta, states, slots, out)
+        _rule_over([range(cu[i], cu[i] + cut) for i, cut in enumerate(cuts)], *rule)
+        snapshot_convs, snapshot_states = self.snapshots
+        for i, conv in conv_at_cut.items():  # the states at the cuts
+            snapshot_convs[saves[i][1]] = conv
+            snapshot_states[saves[i][1]] = states[slots[i]]
+        _rule_over([range(cu[i] + cut, cu[i + 1]) for i, cut in enumerate(cuts)], *rule)
         return out
+
+
+def _rule_over(ranges: list[range], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor, states: torch.Tensor, slots: list[int], out: torch.Tensor) -> None:
+    """The delta rule over sequence i's tokens `ranges[i]` (maybe none) from and into slots[i],
+    the outputs written to those rows of `out`."""
+    rows = torch.tensor([r for rng in ranges for r in rng], dtype=torch.long, device=v.device)
+    if rows.numel():
+        cu = [0]
+        for rng in ranges:
+            cu.append(cu[-1] + len(rng))
+        out[rows] = gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], cu, states, slots)

@@ -1,7 +1,6 @@
 """Gated DeltaNet: the gated delta rule and the causal conv1d before it. reference.py is the torch
-definition; the decode step (one token per sequence) has Triton kernels (triton_decode.py), run on
-the GPU (checked in the interpreter and compiled for sm90 and gfx942/950; not yet run on a GPU);
-prefill runs the reference's chunked form until its kernel comes."""
+definition; on the GPU the decode step (one token per sequence) runs triton_decode.py's kernels and
+the prefill's delta rule triton_chunked.py's (the chunked form, varlen over sequences)."""
 
 from __future__ import annotations
 
@@ -34,4 +33,25 @@ def decode_step(
                                  context_lens, num_k_heads)
 
 
-__all__ = ["decode_step"]
+def gated_delta_rule(
+    q: torch.Tensor,  # [num_tokens, Hk, Dk], the tokens of several sequences, one after another
+    k: torch.Tensor,  # [num_tokens, Hk, Dk]
+    v: torch.Tensor,  # [num_tokens, Hv, Dv]
+    g: torch.Tensor,  # [num_tokens, Hv] fp32 log decay
+    beta: torch.Tensor,  # [num_tokens, Hv]
+    cu_seqlens: list[int],  # sequence i's tokens are cu_seqlens[i]:cu_seqlens[i + 1] (may be empty)
+    states: torch.Tensor,  # [num_slots, Hv, Dk, Dv] fp32, updated in place
+    slots: list[int],  # sequence i's state slot
+) -> torch.Tensor:  # [num_tokens, Hv, Dv] in v's dtype
+    """See reference.gated_delta_rule; on the GPU one varlen launch chain for every sequence."""
+    if backend.use_triton(v):
+        from hotpath.ops.gated_delta import triton_chunked
+
+        device = v.device
+        return triton_chunked.gated_delta_rule(
+            q, k, v, g, beta, torch.tensor(cu_seqlens, dtype=torch.int32, device=device), states,
+            torch.tensor(slots, dtype=torch.int64, device=device))
+    return reference.gated_delta_rule(q, k, v, g, beta, cu_seqlens, states, slots)
+
+
+__all__ = ["decode_step", "gated_delta_rule"]
