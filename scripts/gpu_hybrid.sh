@@ -4,8 +4,9 @@
 #   fla      fla-core (a wheel carried in .whl/) installed, then the prefill kernels side by side
 #            (benchmarks/bench_gated_delta_prefill.py)
 #   latency  hotpath bench latency at every engine default, random weights at the published shapes:
-#            qwen3.5-9b batch 1 (with HF transformers on the same shape) and 8, qwen3.5-35b-a3b
-#            batch 1 and 8 (qwen3-next-80b-a3b's 160 GB of bf16 do not fit one H200)
+#            qwen3.5-9b batch 1 (with HF transformers on the same shape), 8 and 64, qwen3.5-35b-a3b
+#            batch 1, 8 and 64, qwen3.5-27b batch 1 (qwen3-next-80b-a3b's 160 GB of bf16 do not fit
+#            one H200)
 #   long     TTFT of 8K and 32K-token prompts on qwen3.5-35b-a3b
 #   chat     a two-turn chat through hotpath serve on qwen3.5-35b-a3b (scripts/two_turn_chat.py;
 #            the server's wheels and the Qwen3 tokenizer from .whl/)
@@ -29,10 +30,12 @@ if [[ $what == *" fla "* ]]; then
   timeout 200 python3 benchmarks/bench_gated_delta_prefill.py 2>&1 | tee "$OUT/prefill_kernels.log" | tail -30
 fi
 if [[ $what == *" latency "* ]]; then
-  timeout 200 $bench --preset qwen3.5-9b --batch-size 1 8 --input-len 512 --output-len 64 \
+  timeout 200 $bench --preset qwen3.5-9b --batch-size 1 8 64 --input-len 512 --output-len 64 \
     ${HYBRID_COMPARE:---compare hf} --json "$OUT/latency_qwen3.5-9b.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
-  timeout 200 $bench --preset qwen3.5-35b-a3b --batch-size 1 8 --input-len 512 --output-len 64 \
+  timeout 200 $bench --preset qwen3.5-35b-a3b --batch-size 1 8 64 --input-len 512 --output-len 64 \
     --json "$OUT/latency_qwen3.5-35b-a3b.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
+  timeout 150 $bench --preset qwen3.5-27b --batch-size 1 --input-len 512 --output-len 64 \
+    --json "$OUT/latency_qwen3.5-27b.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
 fi
 if [[ $what == *" long "* ]]; then
   for n in 8192 32768; do
