@@ -11,6 +11,7 @@ sampled ids on the device (async scheduling).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ from hotpath.ops.sampling import greedy_sample
 from hotpath.runner.decode_inputs import DecodeInputs
 from hotpath.runner.forward_batch import ForwardBatch
 from hotpath.runner.sampler import Sampler
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,6 +72,20 @@ SHORT_CONTEXT_GRAPHS = (1024, 2048)
 
 # records a decode forward once: (something to replay it with, its logits output tensor)
 Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replayable, torch.Tensor]]
+
+
+def state_slots_that_fit(max_num_seqs: int, bytes_per_slot: int, snapshots: bool, budget: float) -> int:
+    """Hybrid models' state slots: one per sequence up to max_num_seqs, as many snapshots again
+    with prefix caching, and a scratch slot, in at most half of `budget` bytes (the rest is for
+    the KV blocks)."""
+    copies = 2 if snapshots else 1
+    slots = min(max_num_seqs, int(budget / 2 / bytes_per_slot - 1) // copies)
+    if slots < 1:
+        raise ValueError(
+            f"no memory left for even one sequence's linear-attention state ({bytes_per_slot / 2**20:.0f} MB) "
+            "after loading the model; raise gpu_memory_utilization or lower max_num_batched_tokens"
+        )
+    return slots
 
 
 def _capture_cuda_graph(forward: Callable[[], torch.Tensor], pool: tuple) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -120,8 +137,9 @@ class ModelRunner:
         self.kv_layers = [layer for layer in layers if isinstance(layer.cache_spec(), KVCacheSpec)]
         self.state_layers = [layer for layer in layers if isinstance(layer.cache_spec(), StateCacheSpec)]
         # a state slot per sequence the scheduler may run at once, each freed when its sequence
-        # finishes or is preempted (hybrid models; none otherwise)
-        self.num_state_slots = engine_config.max_num_seqs if self.state_layers else 0
+        # finishes or is preempted (hybrid models; none otherwise); fewer where max_num_seqs
+        # slots would not fit (a waiting request then waits for a slot)
+        self.num_state_slots = self._num_state_slots() if self.state_layers else 0
         # and as many snapshots of it, for prefix caching (engine/state_snapshots.py)
         self.num_snapshots = self.num_state_slots if engine_config.enable_prefix_caching else 0
         # one slot more than the manager hands out: padding rows of a CUDA graph batch use it
@@ -146,6 +164,21 @@ class ModelRunner:
     def _cache_bytes_per_block(self) -> int:
         """Every attention layer's K/V bytes for block_size tokens, from the layers' declarations."""
         return sum(layer.cache_spec().bytes_per_token(self.dtype) for layer in self.kv_layers) * self.block_size
+
+    def _num_state_slots(self) -> int:
+        ec = self.engine_config
+        if self.device.type != "cuda":
+            return ec.max_num_seqs
+        per_slot = sum(layer.cache_spec().bytes_per_slot(self.dtype) for layer in self.state_layers)
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = total * ec.gpu_memory_utilization - (total - free) - self._activation_bytes()
+        slots = state_slots_that_fit(ec.max_num_seqs, per_slot, ec.enable_prefix_caching, budget)
+        if slots < ec.max_num_seqs:
+            logger.info("state slots for %d sequences at once, not max_num_seqs=%d: each sequence's "
+                        "linear-attention state takes %.0f MB (twice that with its prefix-cache "
+                        "snapshot), and the states may take half the memory left for caches",
+                        slots, ec.max_num_seqs, per_slot / 2**20)
+        return slots
 
     def _num_kv_blocks(self) -> int:
         ec = self.engine_config
