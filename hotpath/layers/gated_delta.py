@@ -178,11 +178,11 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(-1, self.num_k_heads, self.k_head_dim)
         k = k.reshape(-1, self.num_k_heads, self.k_head_dim)
         v = v.reshape(-1, self.num_v_heads, self.v_head_dim)
-        if not saves:
-            return gated_delta_rule(q, k, v, g, beta, cu, states, slots)
+        if not saves:  # the step's own device tensors: nothing to copy per layer
+            return gated_delta_rule(q, k, v, g, beta, batch.cu_query_lens, states, batch.state_slots)
         cuts = [saves[i][0] if i in saves else cu[i + 1] - cu[i] for i in range(len(slots))]
         out = torch.empty_like(v)
-        rule = (q, k, v, g, beta, states, slots, out)
+        rule = (q, k, v, g, beta, states, batch.state_slots, out)
         _rule_over([range(cu[i], cu[i] + cut) for i, cut in enumerate(cuts)], *rule)
         snapshot_convs, snapshot_states = self.snapshots
         for i, conv in conv_at_cut.items():  # the states at the cuts
@@ -193,12 +193,10 @@ class GatedDeltaNet(nn.Module):
 
 
 def _rule_over(ranges: list[range], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-               beta: torch.Tensor, states: torch.Tensor, slots: list[int], out: torch.Tensor) -> None:
+               beta: torch.Tensor, states: torch.Tensor, slots: torch.Tensor, out: torch.Tensor) -> None:
     """The delta rule over sequence i's tokens `ranges[i]` (maybe none) from and into slots[i],
     the outputs written to those rows of `out`."""
     rows = torch.tensor([r for rng in ranges for r in rng], dtype=torch.long, device=v.device)
     if rows.numel():
-        cu = [0]
-        for rng in ranges:
-            cu.append(cu[-1] + len(rng))
+        cu = torch.tensor([0] + [len(rng) for rng in ranges], device=v.device).cumsum(0).to(torch.int32)
         out[rows] = gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], cu, states, slots)

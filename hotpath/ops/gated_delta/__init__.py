@@ -39,9 +39,9 @@ def gated_delta_rule(
     v: torch.Tensor,  # [num_tokens, Hv, Dv]
     g: torch.Tensor,  # [num_tokens, Hv] fp32 log decay
     beta: torch.Tensor,  # [num_tokens, Hv]
-    cu_seqlens: list[int],  # sequence i's tokens are cu_seqlens[i]:cu_seqlens[i + 1] (may be empty)
+    cu_seqlens: torch.Tensor,  # [num_seqs + 1] int32: sequence i is cu[i]:cu[i + 1] (may be empty)
     states: torch.Tensor,  # [num_slots, Hv, Dk, Dv] fp32, updated in place
-    slots: list[int],  # sequence i's state slot
+    slots: torch.Tensor,  # [num_seqs] int64, sequence i's state slot
 ) -> torch.Tensor:  # [num_tokens, Hv, Dv] in v's dtype
     """See reference.gated_delta_rule; on the GPU one varlen launch chain for every sequence, for
     16-bit models (in fp32 the kernels' exact "bf16x6" dots gave NaN at 16-wide key heads on the
@@ -49,11 +49,8 @@ def gated_delta_rule(
     if backend.use_triton(v) and v.dtype != torch.float32:
         from hotpath.ops.gated_delta import triton_chunked
 
-        device = v.device
-        return triton_chunked.gated_delta_rule(
-            q, k, v, g, beta, torch.tensor(cu_seqlens, dtype=torch.int32, device=device), states,
-            torch.tensor(slots, dtype=torch.int64, device=device))
-    return reference.gated_delta_rule(q, k, v, g, beta, cu_seqlens, states, slots)
+        return triton_chunked.gated_delta_rule(q, k, v, g, beta, cu_seqlens, states, slots)
+    return reference.gated_delta_rule(q, k, v, g, beta, cu_seqlens.tolist(), states, slots.tolist())
 
 
 __all__ = ["decode_step", "gated_delta_rule"]
