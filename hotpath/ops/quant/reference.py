@@ -1,0 +1,223 @@
+"""Quantized linear algebra in plain torch: dequantize the stored weight and run the plain op.
+
+Layouts (what the loaders convert every checkpoint format into):
+
+- fp8: `weight` float8 [N, K] (e4m3fn; e4m3fnuz on AMD's MI300, see `fp8_dtype`), K contiguous;
+  `scale` fp32 either per output channel, [N] (or [N, 1]), or per 128x128 block,
+  [ceil(N / block_n), ceil(K / block_k)] with `block_size = (block_n, block_k)`:
+  w[n, k] = weight[n, k] * scale[n // block_n, k // block_k].
+- int4 (AWQ, GPTQ): `qweight` int32 [N, K / 8], nibble j (bits 4j..4j+3) of word w holding column
+  k = 8w + j, unsigned 0..15; `scales` [N, K / G] in the model dtype; `qzeros` uint8 [N, K / G]
+  (integer zero points 0..15); `g_idx` int32 [K] or None (column k's group: g_idx[k], else k // G).
+  w[n, k] = (q[n, k] - qzeros[n, g]) * scales[n, g].
+
+Each function here is what the Triton kernel of the same name computes, rounding where it rounds:
+
+- the few-rows GEMV path (decode) multiplies x, as it is, by the weight dequantized in fp32;
+- the fp8 GEMM path (prefill) quantizes x to fp8 dynamically (per token for per-channel weights,
+  per token and 128-column group for block weights), then multiplies the dequantized fp8 values
+  in fp32;
+- the int4 GEMM path rounds the dequantized weight to x's dtype (the tensor-core operand) and
+  multiplies in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hotpath.ops.linear import reference as linear_ref
+from hotpath.ops.linear.reference import RmsInput
+
+# Rows up to this run the weight-only GEMV path; more rows the GEMM path (x quantized for fp8)
+GEMV_MAX_ROWS = 16
+# The activation group of block-scaled fp8 (the weight's block_k in every published checkpoint)
+ACT_GROUP = 128
+# A scale never below this (an all-zero row would otherwise divide by zero): vLLM's floor
+MIN_SCALE_FACTOR = 1.0 / 512.0
+
+BlockSize = tuple[int, int]
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    """The largest finite value of an fp8 dtype (448 for e4m3fn, 240 for e4m3fnuz)."""
+    return float(torch.finfo(dtype).max)
+
+
+# ---- dequantization -----------------------------------------------------------------------------
+def per_channel_scale(scale: torch.Tensor, N: int) -> torch.Tensor:  # [N] fp32
+    if scale.numel() != N:
+        raise ValueError(f"a per-channel scale needs {N} entries, got shape {tuple(scale.shape)}")
+    return scale.reshape(N).float()
+
+
+def check_block_scale(scale: torch.Tensor, N: int, K: int, block_size: BlockSize) -> None:
+    bn, bk = block_size
+    expected = (-(-N // bn), -(-K // bk))
+    if tuple(scale.shape) != expected:
+        raise ValueError(f"block scales of a [{N}, {K}] weight in {bn}x{bk} blocks must be "
+                         f"{list(expected)}, got {list(scale.shape)}")
+
+
+def dequantize_fp8(
+    weight: torch.Tensor,  # [N, K] float8
+    scale: torch.Tensor,  # [N] / [N, 1] fp32 per channel, or [N / bn, K / bk] fp32 per block
+    block_size: BlockSize | None,
+) -> torch.Tensor:  # [N, K] fp32
+    N, K = weight.shape
+    w = weight.float()
+    if block_size is None:
+        return w * per_channel_scale(scale, N)[:, None]
+    check_block_scale(scale, N, K, block_size)
+    bn, bk = block_size
+    s = scale.float().repeat_interleave(bn, 0)[:N].repeat_interleave(bk, 1)[:, :K]  # [N, K]
+    return w * s
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:  # [N, K] int32, 0..15
+    """qweight int32 [N, K / 8] -> the nibbles, nibble j of word w at column 8w + j."""
+    shifts = 4 * torch.arange(8, dtype=torch.int32, device=qweight.device)
+    return ((qweight[:, :, None] >> shifts) & 0xF).reshape(qweight.shape[0], -1)
+
+
+def group_index(K: int, group_size: int, g_idx: torch.Tensor | None, device) -> torch.Tensor:  # [K]
+    if g_idx is not None:
+        if g_idx.shape != (K,):
+            raise ValueError(f"g_idx must have shape ({K},), got {tuple(g_idx.shape)}")
+        return g_idx.long()
+    return torch.arange(K, device=device) // group_size
+
+
+def dequantize_int4(
+    qweight: torch.Tensor,  # [N, K / 8] int32
+    scales: torch.Tensor,  # [N, K / G] model dtype
+    qzeros: torch.Tensor,  # [N, K / G] uint8
+    group_size: int,
+    g_idx: torch.Tensor | None = None,  # [K] int32
+) -> torch.Tensor:  # [N, K] fp32
+    q = unpack_int4(qweight)
+    N, K = q.shape
+    if scales.shape != qzeros.shape or scales.shape[0] != N:
+        raise ValueError(f"scales {tuple(scales.shape)} and qzeros {tuple(qzeros.shape)} must both "
+                         f"be [{N}, groups]")
+    g = group_index(K, group_size, g_idx, q.device)
+    return (q - qzeros.long()[:, g]).float() * scales.float()[:, g]
+
+
+# ---- dynamic activation quantization ------------------------------------------------------------
+def _quantize(x: torch.Tensor, amax: torch.Tensor, out_dtype: torch.dtype):
+    fmax = fp8_max(out_dtype)
+    scale = torch.clamp(amax / fmax, min=MIN_SCALE_FACTOR / fmax)
+    return scale, fmax
+
+
+def quantize_fp8_per_token(
+    x: torch.Tensor,  # [M, K]
+    out_dtype: torch.dtype = torch.float8_e4m3fn,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [M, K] fp8, [M] fp32
+    """Each row scaled so that its largest magnitude is the fp8 maximum: x ~ x_fp8 * scale."""
+    xf = x.float()
+    scale, fmax = _quantize(xf, xf.abs().amax(-1), out_dtype)
+    x_fp8 = (xf / scale[:, None]).clamp(-fmax, fmax).to(out_dtype)
+    return x_fp8, scale
+
+
+def quantize_fp8_per_group(
+    x: torch.Tensor,  # [M, K]
+    group: int = ACT_GROUP,
+    out_dtype: torch.dtype = torch.float8_e4m3fn,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [M, K] fp8, [M, ceil(K / group)] fp32
+    """Each row's `group`-column groups scaled on their own (the last may be shorter)."""
+    M, K = x.shape
+    G = -(-K // group)
+    xf = torch.nn.functional.pad(x.float(), (0, G * group - K)).view(M, G, group)
+    scale, fmax = _quantize(xf, xf.abs().amax(-1), out_dtype)
+    x_fp8 = (xf / scale[:, :, None]).clamp(-fmax, fmax).view(M, G * group)[:, :K].to(out_dtype)
+    return x_fp8.contiguous(), scale
+
+
+def dequantize_per_group(x_fp8: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    """[M, K] fp8 and [M, ceil(K / group)] -> [M, K] fp32"""
+    K = x_fp8.shape[1]
+    return x_fp8.float() * scale.repeat_interleave(group, 1)[:, :K]
+
+
+# ---- the linear ops -----------------------------------------------------------------------------
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
+            out_dtype: torch.dtype | None) -> torch.Tensor:
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).to(out_dtype or x.dtype)
+
+
+def fp8_linear(
+    x: torch.Tensor,  # [..., K]
+    weight: torch.Tensor,  # [N, K] fp8
+    weight_scale: torch.Tensor,  # [N] or block scales
+    block_size: BlockSize | None,
+    bias: torch.Tensor | None = None,  # [N]
+    rms: RmsInput | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:  # [..., N]
+    """x @ dequantize_fp8(weight)^T (+ bias) as the kernels compute it: rows <= GEMV_MAX_ROWS in
+    x's own precision, more rows with x quantized to fp8. `rms` (few rows only): x RMS-normalised
+    first from the given statistic (see hotpath.ops.linear)."""
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    if rms is not None:
+        x2 = linear_ref.rms_normalize(x2, *rms)
+    w = dequantize_fp8(weight, weight_scale, block_size)
+    if _rows(x) <= GEMV_MAX_ROWS:
+        xq = x2.float()
+    elif block_size is None:
+        x_fp8, s = quantize_fp8_per_token(x2, weight.dtype)
+        xq = x_fp8.float() * s[:, None]
+    else:
+        x_fp8, s = quantize_fp8_per_group(x2, block_size[1], weight.dtype)
+        xq = dequantize_per_group(x_fp8, s, block_size[1])
+    out = _finish(xq @ w.T, x, bias, out_dtype)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def int4_linear(
+    x: torch.Tensor,  # [..., K]
+    qweight: torch.Tensor,  # [N, K / 8] int32
+    scales: torch.Tensor,  # [N, K / G]
+    qzeros: torch.Tensor,  # [N, K / G] uint8
+    group_size: int,
+    g_idx: torch.Tensor | None = None,  # [K]
+    bias: torch.Tensor | None = None,  # [N]
+    rms: RmsInput | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:  # [..., N]
+    """x @ dequantize_int4(...)^T (+ bias): the GEMV path's fp32 weight for few rows, the GEMM
+    path's weight rounded to x's dtype for more."""
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    if rms is not None:
+        x2 = linear_ref.rms_normalize(x2, *rms)
+    w = dequantize_int4(qweight, scales, qzeros, group_size, g_idx)
+    if _rows(x) > GEMV_MAX_ROWS:
+        w = w.to(x.dtype).float()
+    out = _finish(x2.float() @ w.T, x, bias, out_dtype)
+    return out.view(*x.shape[:-1], qweight.shape[0])
+
+
+# ---- fused add + RMSNorm + per-token fp8 quantization --------------------------------------------
+def fused_add_rms_norm_fp8(
+    x: torch.Tensor,  # [M, H]
+    residual: torch.Tensor,  # [M, H]
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    out_dtype: torch.dtype = torch.float8_e4m3fn,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [M, H] fp8, [M] fp32, [M, H]
+    """summed = x + residual; normed = RMSNorm(summed) rounded to x's dtype (as the plain fused
+    norm rounds it); returns (normed quantized per token, its scales, summed)."""
+    from hotpath.ops.norm.reference import rms_norm
+
+    summed = x + residual
+    x_fp8, scale = quantize_fp8_per_token(rms_norm(summed, weight, eps), out_dtype)
+    return x_fp8, scale, summed
