@@ -17,8 +17,8 @@ Each function here is what the Triton kernel of the same name computes, rounding
 - the fp8 GEMM path (prefill) quantizes x to fp8 dynamically (per token for per-channel weights,
   per token and 128-column group for block weights), then multiplies the dequantized fp8 values
   in fp32;
-- the int4 GEMM path rounds the dequantized weight to x's dtype (the tensor-core operand) and
-  multiplies in fp32.
+- int4 in fp32 on both paths (the kernels' tensor-core operand is the exact integer q - z, the
+  scale applied after the dot; see int4_linear for g_idx).
 """
 
 from __future__ import annotations
@@ -193,15 +193,14 @@ def int4_linear(
     rms: RmsInput | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., N]
-    """x @ dequantize_int4(...)^T (+ bias): the GEMV path's fp32 weight for few rows, the GEMM
-    path's weight rounded to x's dtype for more."""
+    """x @ dequantize_int4(...)^T (+ bias), the weight dequantized in fp32 (the kernels multiply
+    the exact integers q - z and apply the scale after; with g_idx their tensor-core paths round
+    the dequantized weight to x's dtype, an error well inside a 16-bit dtype's own)."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     if rms is not None:
         x2 = linear_ref.rms_normalize(x2, *rms)
     w = dequantize_int4(qweight, scales, qzeros, group_size, g_idx)
-    if _rows(x) > GEMV_MAX_ROWS:
-        w = w.to(x.dtype).float()
     out = _finish(x2.float() @ w.T, x, bias, out_dtype)
     return out.view(*x.shape[:-1], qweight.shape[0])
 
