@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from hotpath.layers.cache import StateCacheSpec
 from hotpath.layers.linear import Linear
 from hotpath.ops.gated_delta import decode_step, gated_delta_rule, reference
+from hotpath.ops.norm import gated_rms_norm
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -43,10 +43,8 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [T, H * D]
+        return gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class GatedDeltaNet(nn.Module):
@@ -110,45 +108,63 @@ class GatedDeltaNet(nn.Module):
             saved[snapshot_ids] = pool[slots]
 
     def fuses(self, x: torch.Tensor) -> bool:
-        return False  # no fused decode form yet
+        return all(proj.fuses(x) for proj in self._projections()) and self.out_proj.fuses(x)
 
-    def _project(self, x: torch.Tensor):
-        """-> q, k [T, Hk, Dk], v, z [T, Hv, Dv], b, a [T, Hv]."""
+    def _projections(self) -> list[Linear]:
+        return [self.in_proj] if self.layout == "qwen3_5" else [self.in_proj_qkvz, self.in_proj_ba]
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return self.out_proj(self._mix(*self._project(x), batch))
+
+    def forward_few_rows(
+        self,
+        positions: torch.Tensor,
+        h: torch.Tensor,  # [M, hidden], the residual stream, updated in place
+        sumsq: torch.Tensor,  # [T, M] fp32, h's partial sums of squares
+        norm: nn.Module,  # the input RMSNorm, applied as the projections load h
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [T', M] fp32, the new h's
+        """h += out_proj(mix(in_proj(norm(h)))): the projections' launches (the norm in their
+        loads, the residual add in out_proj's epilogue), the conv, the rule and the gated norm."""
+        mixed = self._mix(*self._project(h, (sumsq, norm.weight, norm.eps)), batch)
+        return self.out_proj.add_residual(mixed, h)
+
+    def _project(self, x: torch.Tensor, rms=None):
+        """-> the conv's input [T, conv_dim] = [q | k | v] (a view of the projection in Qwen3.5's
+        layout), z [T, Hv, Dv], b, a [T, Hv]."""
+        T = x.shape[0]
         if self.layout == "qwen3_5":
-            T = x.shape[0]
-            q, k, v, z, b, a = self.in_proj(x).split(
-                [self.key_dim, self.key_dim, self.value_dim, self.value_dim, self.num_v_heads,
-                 self.num_v_heads], dim=-1)
-            return (q.reshape(T, self.num_k_heads, self.k_head_dim), k.reshape(T, self.num_k_heads, self.k_head_dim),
-                    v.reshape(T, self.num_v_heads, self.v_head_dim), z.reshape(T, self.num_v_heads, self.v_head_dim),
-                    b, a)
-        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
-        T, hk = qkvz.shape[0], self.num_k_heads
+            proj = self.in_proj(x, rms=rms)
+            mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads],
+                                        dim=-1)
+            return mixed, z.view(T, self.num_v_heads, self.v_head_dim), b, a
+        qkvz, ba = self.in_proj_qkvz(x, rms=rms), self.in_proj_ba(x, rms=rms)
+        hk = self.num_k_heads
         per = self.num_v_heads // hk
+        # grouped by key head: its q, k, then the v and z of its value heads (b and a likewise)
         q, k, v, z = qkvz.view(T, hk, -1).split(
             [self.k_head_dim, self.k_head_dim, per * self.v_head_dim, per * self.v_head_dim], dim=-1)
         b, a = ba.view(T, hk, 2 * per).split([per, per], dim=-1)
-        return (q, k, v.reshape(T, self.num_v_heads, self.v_head_dim),
-                z.reshape(T, self.num_v_heads, self.v_head_dim), b.reshape(T, -1), a.reshape(T, -1))
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
+        return (mixed, z.reshape(T, self.num_v_heads, self.v_head_dim), b.reshape(T, -1), a.reshape(T, -1))
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def _mix(self, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+             batch: ForwardBatch) -> torch.Tensor:  # [T, value_dim], out_proj's input
+        """The conv, the delta rule from each sequence's slot, the gated norm."""
         assert self.state is not None and batch.state_slots is not None, "no state slots bound"
         conv_states, states = self.state
-        q, k, v, z, b, a = self._project(x)
-        T = x.shape[0]
-        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)  # [T, conv_dim]
         weight = self.conv1d.weight[:, 0, :]  # [conv_dim, conv_width]
         saves = {row: (cut, snap) for row, cut, snap in batch.state_saves or ()}
         if batch.max_query_len == 1:  # decode: every sequence one token, all at once
             out = decode_step(mixed, weight, conv_states, a, b, self.A_log, self.dt_bias, states,
                               batch.state_slots, batch.context_lens, self.num_k_heads)
             if saves:  # after the token: the state at a block boundary (eager steps; a graph's: the runner)
-                rows = torch.tensor(list(saves), device=x.device)  # rows on the host, slots on the device
+                rows = torch.tensor(list(saves), device=mixed.device)  # rows on the host, slots on the device
                 self.save(batch.state_slots[rows], [snap for _, snap in saves.values()])
-            return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
-        g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
-        out = self._prefill(mixed, weight, g, beta, batch, saves)
-        return self.out_proj(self.norm(out, z).reshape(T, self.value_dim))
+        else:
+            g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
+            out = self._prefill(mixed, weight, g, beta, batch, saves)
+        return self.norm(out, z)
 
     def _prefill(self, mixed: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  batch: ForwardBatch, saves: dict[int, tuple[int, int]]) -> torch.Tensor:  # [T, Hv, Dv]

@@ -124,7 +124,8 @@ def test_causal_conv1d_matches_hf_and_resumes():
 def test_interpreter_decode_step(heads, interpreter, poisoned):
     """The decode step's two kernels against the reference (conv then recurrence) for 3 sequences
     in scattered slots, one of them at its first token (its slot's stale states ignored), twice in
-    a row (the second step reads what the first wrote); other slots untouched."""
+    a row (the second step reads what the first wrote); other slots untouched. The inputs are
+    column slices of one projection, as the layer passes them."""
     from hotpath.ops.gated_delta import triton_decode
 
     hk, hv, dk, dv = heads
@@ -141,8 +142,8 @@ def test_interpreter_decode_step(heads, interpreter, poisoned):
     want_states[0].zero_()
     got_conv, got_states = conv_states.clone(), states.clone()
     for step in range(2):
-        mixed = torch.randn(N, C, generator=gen)
-        a, b = torch.randn(N, hv, generator=gen), torch.randn(N, hv, generator=gen)
+        mixed, b, a = torch.randn(N, C + 2 * hv + 3, generator=gen).split([C, hv, hv + 3], dim=-1)
+        a = a[:, :hv]
         out = triton_decode.decode_step(mixed, weight, got_conv, a, b, A_log, dt_bias, got_states,
                                         slots, context_lens + step, hk)
         g, beta = reference.gates(a, b, A_log, dt_bias)

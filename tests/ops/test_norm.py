@@ -52,3 +52,31 @@ def test_cuda(num_tokens, hidden, dtype, gpu_triton, poisoned):
 @cuda
 def test_cuda_fp32_weight(gpu_triton, poisoned):
     check(9, 1024, torch.bfloat16, "cuda", weight_dtype=torch.float32)
+
+
+def check_gated(num_tokens, heads, head_dim, dtype, device, weight_dtype=None, seed=0):
+    """Gated DeltaNet's output norm on strided views of a projection, as the layer passes them."""
+    g = torch.Generator().manual_seed(seed)
+    proj = torch.randn(num_tokens, 3 * heads * head_dim + 5, generator=g).to(device, dtype)
+    x = torch.randn(num_tokens, heads, head_dim, generator=g).to(device, dtype)
+    gate = proj[:, 7 : 7 + heads * head_dim].view(num_tokens, heads, head_dim)
+    weight = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(device, weight_dtype or dtype)
+    out = norm.gated_rms_norm(x, gate, weight, 1e-6)
+    want = reference.gated_rms_norm(x, gate, weight, 1e-6)
+    assert out.dtype == want.dtype == dtype and out.shape == want.shape == (num_tokens, heads * head_dim)
+    assert rel_err(out, want) < TOL[dtype]
+    if num_tokens * heads * head_dim >= 1000:  # rounded where the reference rounds
+        assert (out == want).float().mean() > 0.98
+
+
+@pytest.mark.parametrize("num_tokens,heads,head_dim", [(1, 4, 16), (5, 3, 24), (3, 33, 8)])
+def test_interpreter_gated(num_tokens, heads, head_dim, interpreter, poisoned):
+    check_gated(num_tokens, heads, head_dim, torch.float32, "cpu")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_tokens,heads", [(1, 32), (9, 16), (4096, 32)])
+def test_cuda_gated(num_tokens, heads, dtype, gpu_triton, poisoned):
+    check_gated(num_tokens, heads, 128, dtype, "cuda")
+    check_gated(num_tokens, heads, 128, dtype, "cuda", weight_dtype=torch.float32)

@@ -23,13 +23,14 @@ import triton.language as tl
 
 @triton.jit
 def _conv_step_kernel(
-    x_ptr,  # [N, C]: the step's pre-conv q, k, v (one token a sequence)
+    x_ptr,  # [N, C] (row stride stride_xn): the step's pre-conv q, k, v (one token a sequence)
     w_ptr,  # [C, K]
     conv_ptr,  # [num_slots, C, K - 1], read and shifted in place
     slots_ptr,  # [N] int64
     ctx_ptr,  # [N] int32: context lengths (1: the sequence's first token)
     y_ptr,  # [N, C]
     C,
+    stride_xn,
     K: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -44,7 +45,7 @@ def _conv_step_kernel(
     in_state = c_ok[:, None] & (rj < K - 1)[None, :]
     old = tl.load(state, mask=in_state, other=0.0)  # [BLOCK_C, BLOCK_K]
     old = tl.where(resume, old, tl.zeros_like(old))
-    x = tl.load(x_ptr + n * C + rc, mask=c_ok, other=0.0)
+    x = tl.load(x_ptr + n * stride_xn + rc, mask=c_ok, other=0.0)
     window = tl.where((rj == K - 1)[None, :], x[:, None], old)
     w = tl.load(w_ptr + rc[:, None] * K + rj[None, :], mask=c_ok[:, None] & (rj < K)[None, :], other=0.0)
     acc = tl.sum(window.to(tl.float32) * w.to(tl.float32), axis=1)
@@ -121,7 +122,7 @@ def _delta_step_kernel(
 
 
 def decode_step(
-    mixed: torch.Tensor,  # [N, conv_dim] pre-conv [q | k | v], one token per sequence
+    mixed: torch.Tensor,  # [N, conv_dim] pre-conv [q | k | v], one token per sequence (rows may be strided)
     conv_weight: torch.Tensor,  # [conv_dim, K]
     conv_states: torch.Tensor,  # [num_slots, conv_dim, K - 1], updated in place
     a: torch.Tensor,  # [N, Hv]
@@ -138,15 +139,16 @@ def decode_step(
     _, HV, DK, DV = states.shape
     if triton.next_power_of_2(DK) != DK:
         raise ValueError(f"the decode kernel takes a power-of-two key head dim, got {DK}")
-    mixed, a, b = mixed.contiguous(), a.contiguous(), b.contiguous()
-    y = torch.empty_like(mixed)
+    # strided views of the projection are read as they are (rows apart, columns contiguous)
+    mixed, a, b = (t if t.stride(-1) == 1 else t.contiguous() for t in (mixed, a, b))
+    y = torch.empty((N, C), dtype=mixed.dtype, device=mixed.device)
     out = torch.empty((N, HV, DV), dtype=mixed.dtype, device=mixed.device)
     if N == 0:
         return out
     block_c = 128
     _conv_step_kernel[(N, triton.cdiv(C, block_c))](
-        mixed, conv_weight.contiguous(), conv_states, slots, context_lens, y, C, K=K, BLOCK_C=block_c,
-        BLOCK_K=triton.next_power_of_2(K),
+        mixed, conv_weight.contiguous(), conv_states, slots, context_lens, y, C, mixed.stride(0), K=K,
+        BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(K),
     )
     block_v = min(64, triton.next_power_of_2(DV))
     _delta_step_kernel[(N, HV, triton.cdiv(DV, block_v))](

@@ -27,4 +27,14 @@ def fused_add_rms_norm(
     return reference.fused_add_rms_norm(x, residual, weight, eps)
 
 
-__all__ = ["fused_add_rms_norm", "rms_norm"]
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x, gate [num_tokens, heads, head_dim] (strided views are fine) -> rms_norm(x) * weight *
+    silu(gate) per head, [num_tokens, heads * head_dim]: one launch on the GPU."""
+    if backend.use_triton(x):
+        from hotpath.ops.norm import triton as kernels
+
+        return kernels.gated_rms_norm(x, gate, weight, eps)
+    return reference.gated_rms_norm(x, gate, weight, eps)
+
+
+__all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(
@@ -26,3 +27,19 @@ def fused_add_rms_norm(
     the new residual stream."""
     summed = x + residual
     return rms_norm(summed, weight, eps), summed
+
+
+def gated_rms_norm(
+    x: torch.Tensor,  # [num_tokens, heads, head_dim]
+    gate: torch.Tensor,  # [num_tokens, heads, head_dim]
+    weight: torch.Tensor,  # [head_dim]
+    eps: float,
+) -> torch.Tensor:  # [num_tokens, heads * head_dim] in x's dtype
+    """rms_norm(x) * weight * silu(gate), per head (Gated DeltaNet's output norm), rounded where
+    HF's Qwen3-Next / Qwen3.5 norm rounds: the normalised row to x's dtype, weight * it in the
+    promoted dtype, the product with the gate in fp32."""
+    dtype = x.dtype
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    out = (weight * normed) * F.silu(gate.float())
+    return out.to(dtype).reshape(x.shape[0], -1)

@@ -94,3 +94,60 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (rms_norm(x + residual), x + residual), like the reference."""
     return _launch(x, residual, weight, eps)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(
+    x_ptr,  # [T, H, D], strides (stride_xt, stride_xh, 1)
+    gate_ptr,  # [T, H, D], strides (stride_gt, stride_gh, 1)
+    weight_ptr,  # [D]
+    out_ptr,  # [T, H * D]
+    H,
+    D,
+    eps,
+    stride_xt,
+    stride_xh,
+    stride_gt,
+    stride_gh,
+    ROWS: tl.constexpr,  # heads a program normalises
+    BLOCK_D: tl.constexpr,
+    WEIGHT_DTYPE: tl.constexpr,  # weight * normed rounds to the promoted dtype, as the reference
+):
+    t = tl.program_id(0).to(tl.int64)
+    rh = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    rd = tl.arange(0, BLOCK_D)
+    mask = (rh < H)[:, None] & (rd < D)[None, :]
+    x = tl.load(x_ptr + t * stride_xt + rh[:, None] * stride_xh + rd[None, :], mask=mask, other=0.0)
+    z = tl.load(gate_ptr + t * stride_gt + rh[:, None] * stride_gh + rd[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    w = tl.load(weight_ptr + rd, mask=rd < D, other=0.0)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, 1) / D + eps)  # [ROWS]
+    normed = (xf * rstd[:, None]).to(x.dtype)
+    scaled = (w[None, :].to(WEIGHT_DTYPE) * normed.to(WEIGHT_DTYPE)).to(tl.float32)
+    out = scaled * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + t * H * D + rh[:, None] * D + rd[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gated_rms_norm(
+    x: torch.Tensor,  # [T, H, D]
+    gate: torch.Tensor,  # [T, H, D]
+    weight: torch.Tensor,  # [D]
+    eps: float,
+) -> torch.Tensor:  # [T, H * D] in x's dtype
+    T, H, D = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    out = torch.empty((T, H * D), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    block_d = triton.next_power_of_2(D)
+    rows = max(1, min(triton.next_power_of_2(H), 2048 // block_d))  # ~2K elements a program
+    _gated_rms_norm_kernel[(T, triton.cdiv(H, rows))](
+        x, gate, weight, out, H, D, eps, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
+        ROWS=rows, BLOCK_D=block_d, WEIGHT_DTYPE=tl_dtype(torch.promote_types(weight.dtype, x.dtype)),
+        num_warps=4,
+    )
+    return out
