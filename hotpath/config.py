@@ -64,6 +64,9 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     attn_output_gate: bool = False  # q_proj also emits a sigmoid gate on the attention output
     zero_centred_norms: bool = False  # RMSNorm weights stored as w - 1 (normalise with 1 + w)
+    # the linear layers' format (a hotpath.layers.quant QuantConfig), from the checkpoint's
+    # quantization_config or `quantization=`; set by the engine (read_quant_config), None: 16-bit
+    quantization: Any = None
 
     @classmethod
     def common(cls, arch: str, cfg: dict[str, Any], **family: Any) -> ModelConfig:

@@ -23,6 +23,7 @@ class LLM:
         dtype: str = "auto",
         device: str = "auto",
         load_format: str = "auto",
+        quantization: str | None = None,
         max_model_len: int | None = None,
         block_size: int = 16,
         enable_prefix_caching: bool = True,
@@ -38,7 +39,7 @@ class LLM:
     ) -> None:
         self.engine = Engine(EngineArgs(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, load_format=load_format,
-            max_model_len=max_model_len, block_size=block_size,
+            quantization=quantization, max_model_len=max_model_len, block_size=block_size,
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, seed=seed,
             skip_tokenizer_init=skip_tokenizer_init,

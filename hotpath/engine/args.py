@@ -16,6 +16,7 @@ class EngineArgs:
     dtype: str = "auto"
     device: str = "auto"
     load_format: str = "auto"
+    quantization: str | None = None
     max_model_len: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
@@ -46,6 +47,13 @@ class EngineArgs:
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
                        help="dummy = random weights at the model's real shapes (benchmarks)")
+        g.add_argument("--quantization", "-q", default=None,
+                       choices=["fp8", "compressed-tensors", "awq", "gptq"],
+                       help="the linear layers' weight format (default: what the checkpoint's "
+                            "quantization_config says, else the model dtype). A quantized "
+                            "checkpoint's own method may be named; fp8 on a 16-bit checkpoint "
+                            "quantizes it while loading (fp8 weights per output channel, "
+                            "activations per token)")
         g.add_argument("--max-model-len", type=int, default=None,
                        help="context limit in tokens, prompt + output "
                             "(default: the model's max_position_embeddings)")

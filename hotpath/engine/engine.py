@@ -18,6 +18,7 @@ from hotpath.engine.kv_cache import KVCacheManager
 from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
 from hotpath.engine.state_snapshots import StateSnapshots
+from hotpath.layers.quant.detect import read_quant_config
 from hotpath.models.registry import read_config
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
 from hotpath.runner.model_runner import LaunchedStep, ModelRunner, SampledToken, is_plain_greedy
@@ -63,6 +64,7 @@ class Engine:
         model_dir = resolve_model_dir(args.model)
         self.model_dir = model_dir
         self.model_config = read_config(model_dir)
+        self.model_config.quantization = read_quant_config(model_dir, args.quantization)
         self.dtype = self._resolve_dtype(args.dtype)
         self.tokenizer = None if args.skip_tokenizer_init else _load_tokenizer(args.tokenizer or model_dir)
         max_positions = self.model_config.max_position_embeddings

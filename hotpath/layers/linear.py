@@ -3,8 +3,9 @@
 A `Linear` owns its parameters, fills them from the checkpoint through `checkpoint_tensors` (one
 loader per checkpoint tensor, so a fused projection such as qkv or gate_up is filled from its
 separate q/k/v or gate/up tensors), and runs through a method object that holds the arithmetic.
-Only the unquantized method exists now; a quantized one brings its own parameters and kernels and
-the layers above do not change.
+The unquantized method is here; the quantized ones (hotpath/layers/quant/) bring their own
+parameters and kernels, and a layer built while a quantized model is built takes one
+(`current_quant_config`), so the layers above do not change.
 
 Besides the plain projection, a layer offers the fused forms of the few-rows decode chain (see
 models/decoder.py): its input RMS-normalised as it loads (`rms=`), SiLU-and-mul fused into a
@@ -21,6 +22,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
+from hotpath.layers.quant.base import LinearMethod, current_quant_config
 from hotpath.ops.linear import linear, linear_add_residual, linear_silu_and_mul, use_gemv
 from hotpath.ops.linear.reference import RmsInput
 
@@ -28,7 +30,7 @@ from hotpath.ops.linear.reference import RmsInput
 WeightLoaders = dict[str, Callable[[torch.Tensor], None]]
 
 
-class UnquantizedLinearMethod:
+class UnquantizedLinearMethod(LinearMethod):
     """Weights in the model dtype, [out_features, in_features]; hotpath.ops.linear runs them."""
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
@@ -60,7 +62,7 @@ class Linear(nn.Module):
         output_sizes: Sequence[int],
         bias: bool = False,
         checkpoint_names: Sequence[str] | None = None,
-        method: UnquantizedLinearMethod | None = None,
+        method: LinearMethod | None = None,
     ) -> None:
         super().__init__()
         if checkpoint_names is not None and len(checkpoint_names) != len(output_sizes):
@@ -68,9 +70,21 @@ class Linear(nn.Module):
         self.in_features = in_features
         self.output_sizes = list(output_sizes)
         self.checkpoint_names = None if checkpoint_names is None else list(checkpoint_names)
-        self.method = method or UnquantizedLinearMethod()
+        if method is None:
+            quant = current_quant_config()
+            method = UnquantizedLinearMethod() if quant is None else quant.linear_method()
+        self.method = method
         self.method.create_weights(self, in_features, sum(output_sizes))
         self.bias = nn.Parameter(torch.empty(sum(output_sizes)), requires_grad=False) if bias else None
+
+    def set_method(self, method: LinearMethod) -> None:
+        """Replaces the method and its (not yet loaded) parameters: for layers a quantized
+        format leaves in the model dtype, found by name after the model is built."""
+        for name, _ in list(self.named_parameters(recurse=False)):
+            if name != "bias":
+                delattr(self, name)
+        self.method = method
+        method.create_weights(self, self.in_features, sum(self.output_sizes))
 
     # ---- loading ------------------------------------------------------------------------------
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
@@ -79,20 +93,17 @@ class Linear(nn.Module):
         names = self.checkpoint_names or [own]
         loaders: WeightLoaders = {}
         for param_name, param in self.named_parameters(recurse=False):
+            if not getattr(param, "from_checkpoint", True):
+                continue
             for shard, ckpt in enumerate(names):
                 full = f"{parent}.{ckpt}.{param_name}" if parent else f"{ckpt}.{param_name}"
                 loaders[full] = partial(self.weight_loader, param, shard)
         return loaders
 
     def weight_loader(self, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
-        """Copies one checkpoint tensor (e.g. k_proj.weight, shard 1) into its rows of `param`."""
-        start = sum(self.output_sizes[:shard])
-        target = param.data[start : start + self.output_sizes[shard]]
-        if loaded.shape != target.shape:
-            raise ValueError(
-                f"has shape {tuple(loaded.shape)}, expected {tuple(target.shape)}"
-            )
-        target.copy_(loaded)
+        """Copies one checkpoint tensor (e.g. k_proj.weight, shard 1) into its part of `param`
+        (its rows; for a quantized method, what its layout says)."""
+        self.method.load_weight(self, param, shard, loaded)
 
     # ---- running ------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, rms: RmsInput | None = None,

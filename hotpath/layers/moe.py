@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 
 from hotpath.layers.linear import Linear, WeightLoaders
+from hotpath.layers.quant.base import current_quant_config
+from hotpath.layers.quant.experts import dequantizing_loaders
 from hotpath.layers.mlp import GatedMLP
 from hotpath.ops.moe import fused_moe, route
 
@@ -30,10 +32,17 @@ class FusedExperts(nn.Module):
                                 requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
                                requires_grad=False)
+        # a quantized checkpoint's experts: dequantized into the model dtype as they load, the
+        # fused MoE kernels taking 16-bit experts (see hotpath/layers/quant/experts.py)
+        quant = current_quant_config()
+        self.checkpoint_quant = quant if quant is not None and quant.expert_tensors else None
 
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
-        return {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, param, e, half)
-                for e in range(self.num_experts) for proj, (param, half) in self._SLICES.items()}
+        loaders = {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, param, e, half)
+                   for e in range(self.num_experts) for proj, (param, half) in self._SLICES.items()}
+        if self.checkpoint_quant is not None:
+            return dequantizing_loaders(self.checkpoint_quant, loaders, self.w13.dtype, self.w13.device)
+        return loaders
 
     def weight_loader(self, param_name: str, expert: int, half: int, loaded: torch.Tensor) -> None:
         target = getattr(self, param_name).data[expert]

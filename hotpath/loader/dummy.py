@@ -1,5 +1,7 @@
 """Random weights at the config's real shapes (`load_format="dummy"`), for speed measurements:
-decode time does not depend on weight values."""
+decode time does not depend on weight values. Quantized layers get random values in their
+checkpoint layout (then converted as a loaded checkpoint is): fp8 weights, positive scales, int4
+words, and GPTQ's g_idx in plain group order."""
 
 from __future__ import annotations
 
@@ -13,4 +15,15 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
     # a GPU, where host-side generation would take a minute
     for i, (name, param) in enumerate(model.named_parameters()):
         gen = torch.Generator(device=param.device).manual_seed(seed + i)
-        param.normal_(mean=1.0 if name.endswith("norm.weight") else 0.0, std=std, generator=gen)
+        if param.dtype.is_floating_point and param.element_size() > 1:
+            param.normal_(mean=1.0 if name.endswith("norm.weight") else 0.0, std=std, generator=gen)
+            if name.endswith(("scale", "scales", "scale_inv")):
+                param.abs_()
+        elif param.dtype.is_floating_point:  # fp8 weights, of unit size (their scales carry std)
+            param.copy_(torch.randn(param.shape, generator=gen, device=param.device))
+        elif name.endswith("g_idx"):  # [projections, K]
+            groups = model.get_submodule(name.rpartition(".")[0]).scales.shape[0]
+            K = param.shape[-1]
+            param.copy_(torch.arange(K, device=param.device) // (K // groups))
+        else:  # packed int4 words
+            param.random_(-2**31, 2**31 - 1, generator=gen)

@@ -1,0 +1,127 @@
+"""The interface of quantized linear layers.
+
+A `QuantConfig` is what a checkpoint's `quantization_config` says (or `quantization="fp8"` for
+online quantization). While a model is built inside `building_with(config)`, every `Linear` takes
+its method from it (`current_linear_method`); after construction, the loader sets the layers that
+the format leaves unquantized (its ignore list, MoE routers) back to the plain method
+(hotpath/loader/quantized.py), before any weight is loaded.
+
+A `LinearMethod` owns its layer's parameters. A quantized one creates them in the checkpoint's
+layout, so that the checkpoint's tensors, fused qkv / gate_up included, load by plain slicing
+(`output_shard`), and converts them after loading (`process_weights_after_loading`) into the
+layout its kernels read (see hotpath/ops/quant/reference.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+if TYPE_CHECKING:
+    from hotpath.layers.linear import Linear
+    from hotpath.ops.linear.reference import RmsInput
+
+
+def checkpoint_param(
+    data: torch.Tensor,
+    output_dim: int | None = 0,
+    pack_factor: int = 1,
+    from_checkpoint: bool = True,
+) -> nn.Parameter:
+    """A parameter in a checkpoint layout: the stacked projections' outputs lie along `output_dim`,
+    `pack_factor` output features to an element (8 nibbles to an int32, 128 rows to a block
+    scale); `output_dim=None`: one row per projection (GPTQ's g_idx, the same for all).
+    `from_checkpoint=False`: made by the method while loading, not read (online scales)."""
+    param = nn.Parameter(data, requires_grad=False)
+    param.output_dim = output_dim
+    param.pack_factor = pack_factor
+    param.from_checkpoint = from_checkpoint
+    return param
+
+
+def output_shard(layer: Linear, param: nn.Parameter, shard: int) -> torch.Tensor:
+    """The part of `param` that projection `shard` of `layer` fills (a view)."""
+    output_dim = getattr(param, "output_dim", 0)
+    if output_dim is None:
+        return param.data[shard]
+    pack = getattr(param, "pack_factor", 1)
+    start = sum(layer.output_sizes[:shard])
+    return param.data.narrow(output_dim, start // pack, -(-layer.output_sizes[shard] // pack))
+
+
+def copy_checked(target: torch.Tensor, loaded: torch.Tensor) -> None:
+    if loaded.shape != target.shape:
+        raise ValueError(f"has shape {tuple(loaded.shape)}, expected {tuple(target.shape)}")
+    target.copy_(loaded)
+
+
+class LinearMethod:
+    """The arithmetic and parameters of one Linear. This base loads by plain slicing; subclasses
+    create their parameters and run them."""
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
+        raise NotImplementedError
+
+    def load_weight(self, layer: Linear, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
+        """Copies one checkpoint tensor (projection `shard`'s part of `param`)."""
+        copy_checked(output_shard(layer, param, shard), loaded)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        """Converts the loaded checkpoint layout into the kernels' layout (nothing by default)."""
+
+    def fuses(self, layer: Linear, x: torch.Tensor) -> bool:
+        raise NotImplementedError
+
+    def apply(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None,
+              out_dtype: torch.dtype | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def apply_silu_and_mul(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def apply_add_residual(self, layer: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class QuantConfig:
+    """A quantization format: the method its linear layers take, which layers it leaves in the
+    model dtype, and how its MoE experts' checkpoint tensors dequantize."""
+
+    name: str  # the quant_method / --quantization value
+    # suffixes of one expert projection's checkpoint tensors (("weight", "weight_scale_inv"));
+    # empty: the experts are not quantized in this format and load as they are
+    expert_tensors: tuple[str, ...] = ()
+
+    def linear_method(self) -> LinearMethod:
+        raise NotImplementedError
+
+    def skips(self, module_name: str, shard_names: list[str]) -> bool:
+        """Whether the layer `module_name` (its checkpoint projections `shard_names`, e.g.
+        model.layers.0.self_attn.q_proj) stays in the model dtype."""
+        return False
+
+    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """One expert projection's checkpoint tensors (by suffix) -> its weight [N, K] in `dtype`."""
+        raise NotImplementedError
+
+
+_building: ContextVar[QuantConfig | None] = ContextVar("hotpath_quant_config", default=None)
+
+
+@contextmanager
+def building_with(config: QuantConfig | None) -> Iterator[None]:
+    """Layers built inside take their quantization from `config` (None: unquantized)."""
+    token = _building.set(config)
+    try:
+        yield
+    finally:
+        _building.reset(token)
+
+
+def current_quant_config() -> QuantConfig | None:
+    return _building.get()

@@ -1,0 +1,95 @@
+"""FP8 per-channel weights with per-token dynamic activations (PTPC), from a checkpoint or online.
+
+Checkpoint: compressed-tensors' `float-quantized` format (llm-compressor's FP8_DYNAMIC scheme):
+per linear `weight` float8_e4m3fn [N, K] and `weight_scale` [N, 1] (the model's dtype), the
+activations quantized per token as the layer runs.
+
+Online (`quantization="fp8"` on a 16-bit checkpoint): each weight is quantized per output row as
+its tensor streams in, on the device, so no 16-bit copy of the model is ever held; a row's scale
+depends on that row alone, so the fused qkv / gate_up projections quantize part by part."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from hotpath.layers.quant.base import QuantConfig, checkpoint_param, output_shard
+from hotpath.layers.quant.fp8_common import (
+    FP8_CHECKPOINT_DTYPE,
+    Fp8LinearMethod,
+    replace_param,
+    to_device_fp8,
+)
+from hotpath.layers.quant.ignore import IgnoreList
+from hotpath.ops.quant import fp8_dtype
+from hotpath.ops.quant.reference import dequantize_fp8, quantize_fp8_per_token
+
+if TYPE_CHECKING:
+    from hotpath.layers.linear import Linear
+
+
+class Fp8ChannelLinearMethod(Fp8LinearMethod):
+    """From a compressed-tensors checkpoint: `weight_scale` loads as [N, 1], runs as [N] fp32."""
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
+        layer.weight = checkpoint_param(
+            torch.empty(out_features, in_features, dtype=FP8_CHECKPOINT_DTYPE))  # [N, K]
+        layer.weight_scale = checkpoint_param(torch.empty(out_features, 1, dtype=torch.float32))
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        weight, scale = to_device_fp8(layer.weight.data, layer.weight_scale.data.reshape(-1))
+        replace_param(layer, "weight", weight)
+        replace_param(layer, "weight_scale", scale.contiguous())  # [N]
+
+
+class Fp8OnlineLinearMethod(Fp8LinearMethod):
+    """Quantizes the checkpoint's 16-bit `weight` per output row as it loads."""
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
+        device = torch.empty(0).device
+        layer.weight = checkpoint_param(
+            torch.empty(out_features, in_features, dtype=fp8_dtype(device)))  # [N, K]
+        layer.weight_scale = checkpoint_param(
+            torch.empty(out_features, dtype=torch.float32), from_checkpoint=False)  # [N]
+
+    def load_weight(self, layer: Linear, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
+        if param is not layer.weight:
+            return super().load_weight(layer, param, shard, loaded)
+        rows = output_shard(layer, param, shard)
+        if loaded.shape != rows.shape:
+            raise ValueError(f"has shape {tuple(loaded.shape)}, expected {tuple(rows.shape)}")
+        # on the device: the host never holds more than this one checkpoint tensor
+        q, scale = quantize_fp8_per_token(loaded.to(rows.device), rows.dtype)
+        rows.copy_(q)
+        output_shard(layer, layer.weight_scale, shard).copy_(scale)
+
+
+class Fp8ChannelConfig(QuantConfig):
+    """compressed-tensors' FP8 per-channel checkpoints."""
+
+    name = "compressed-tensors"
+    expert_tensors = ("weight", "weight_scale")
+
+    def __init__(self, ignore: IgnoreList | None = None) -> None:
+        self.ignore = ignore or IgnoreList([])
+
+    def linear_method(self) -> Fp8ChannelLinearMethod:
+        return Fp8ChannelLinearMethod()
+
+    def skips(self, module_name: str, shard_names: list[str]) -> bool:
+        return self.ignore.skips(module_name, shard_names)
+
+    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_fp8(tensors["weight"], tensors["weight_scale"].float(), None).to(dtype)
+
+
+class Fp8OnlineConfig(QuantConfig):
+    """`quantization="fp8"` on an unquantized checkpoint: PTPC, quantized while loading. MoE
+    experts stay in the model dtype (the fused MoE kernels take 16-bit experts)."""
+
+    name = "fp8"
+
+    def linear_method(self) -> Fp8OnlineLinearMethod:
+        return Fp8OnlineLinearMethod()

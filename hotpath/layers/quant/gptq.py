@@ -1,0 +1,96 @@
+"""GPTQ int4 (AutoGPTQ / GPTQModel / optimum checkpoints, Qwen's -GPTQ-Int4): config.json
+`quant_method: "gptq"`, `bits: 4`, `group_size`, `desc_act`, `sym`, `checkpoint_format` ("gptq",
+the default, or "gptq_v2"). Per linear, with K inputs, N outputs and G the group size:
+
+    qweight  int32 [K/8, N]    nibble j of word w in column n: q[8w + j, n]
+    qzeros   int32 [K/G, N/8]  nibble j of word w in row g: zero[g, 8w + j], stored minus 1 in
+                               the "gptq" (v1) format, as is in "gptq_v2"
+    scales   fp16  [K/G, N]
+    g_idx    int32 [K]         input k's group (desc_act: the groups follow the order in which
+                               GPTQ quantized the columns; else k // G)
+    w[n, k] = (q[k, n] - zero[g_idx[k], n]) * scale[g_idx[k], n]
+
+Fused projections stack along the second dimension; they share their input, so their g_idx are
+the same (checked after loading). After loading, the tensors are repacked into the int4 layout."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from hotpath.layers.quant.base import QuantConfig, checkpoint_param
+from hotpath.layers.quant.int4 import Int4LinearMethod, pack_int4, unpack_int4
+from hotpath.ops.quant.reference import dequantize_int4
+
+if TYPE_CHECKING:
+    from hotpath.layers.linear import Linear
+
+CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
+
+
+def gptq_to_int4(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+    group_size: int, v1_zeros: bool, dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """GPTQ's tensors -> (qweight [N, K/8], scales [N, K/G] in `dtype`, qzeros uint8 [N, K/G],
+    g_idx [K] or None where it is the plain k // G)."""
+    zeros = unpack_int4(qzeros)  # [K/G, N]
+    if v1_zeros:
+        zeros = (zeros + 1) & 0xF  # v1 stored (zero - 1) & 0xF
+    K = qweight.shape[0] * 8
+    groups = scales.shape[0]
+    g_idx = g_idx.to(torch.int64)
+    if g_idx.shape != (K,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+        raise ValueError(f"g_idx must hold {K} group indices below {groups}")
+    plain = torch.equal(g_idx, torch.arange(K, device=g_idx.device) // group_size)
+    # GPTQ's word w of column n packs rows 8w..8w+7, which is the int4 layout's word w of row n
+    return qweight.T, scales.T.to(dtype), zeros.T.to(torch.uint8), None if plain else g_idx
+
+
+class GptqLinearMethod(Int4LinearMethod):
+    def __init__(self, group_size: int, v1_zeros: bool) -> None:
+        super().__init__(group_size)
+        self.v1_zeros = v1_zeros
+
+    def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
+        G = self._check_shapes(layer, in_features)
+        K, N = in_features, out_features
+        layer.qweight = checkpoint_param(torch.empty(K // 8, N, dtype=torch.int32), 1)
+        layer.qzeros = checkpoint_param(torch.empty(K // G, N // 8, dtype=torch.int32), 1, 8)
+        layer.scales = checkpoint_param(torch.empty(K // G, N), 1)
+        # one row per projection: every projection's own copy, compared after loading
+        layer.g_idx = checkpoint_param(
+            torch.empty(len(layer.output_sizes), K, dtype=torch.int32), output_dim=None)
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        g_idx = layer.g_idx.data
+        if not all(torch.equal(g_idx[0], row) for row in g_idx[1:]):
+            raise ValueError(f"the projections fused into one layer ({layer.checkpoint_names}) "
+                             "have different g_idx; hotpath needs them to share one")
+        converted = gptq_to_int4(layer.qweight.data, layer.qzeros.data, layer.scales.data, g_idx[0],
+                                 self.group_size, self.v1_zeros, layer.scales.dtype)
+        self._set_internal(layer, *converted)
+
+
+class GptqConfig(QuantConfig):
+    name = "gptq"
+    expert_tensors = ("qweight", "qzeros", "scales", "g_idx")
+
+    def __init__(self, group_size: int, checkpoint_format: str = "gptq") -> None:
+        if checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ValueError(f"GPTQ checkpoint_format {checkpoint_format!r} is not supported; "
+                             f"hotpath reads {', '.join(CHECKPOINT_FORMATS)}")
+        self.group_size = group_size
+        self.v1_zeros = checkpoint_format == "gptq"
+
+    def linear_method(self) -> GptqLinearMethod:
+        return GptqLinearMethod(self.group_size, self.v1_zeros)
+
+    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        K = tensors["qweight"].shape[0] * 8
+        G = K if self.group_size == -1 else self.group_size
+        qweight, scales, qzeros, g_idx = gptq_to_int4(
+            tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], G,
+            self.v1_zeros, torch.float32)
+        return dequantize_int4(qweight, scales, qzeros, G, g_idx).to(dtype)

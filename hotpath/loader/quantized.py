@@ -1,0 +1,45 @@
+"""Quantized models at load time: which layers keep the model dtype, and the conversion of every
+quantized layer's checkpoint layout into its kernels' layout once the weights are in.
+
+The model is built inside `building_with(config)` (hotpath/layers/quant/base.py), so each Linear is
+born on the device with its format's parameters; `keep_unquantized` then resets, by module name,
+the layers the format leaves in the model dtype: MoE routers (and Qwen2-MoE's shared-expert gate),
+and the checkpoint's ignore / modules_to_not_convert lists. The LM head and the embeddings are not
+Linear layers and never quantize; norms have no linear method."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from hotpath.layers.linear import Linear, UnquantizedLinearMethod
+from hotpath.layers.moe import FusedExperts, SparseMoeBlock
+from hotpath.layers.quant.base import QuantConfig
+
+
+def keep_unquantized(model: nn.Module, config: QuantConfig) -> None:
+    """Layers the format leaves in the model dtype get the plain method (before any loading)."""
+    ignore = getattr(config, "ignore", None)
+    checkpoint_name = getattr(model, "checkpoint_name", None)
+    if ignore is not None and checkpoint_name is not None:
+        ignore.map_names(checkpoint_name)
+    routers = set()
+    for name, module in model.named_modules():
+        if isinstance(module, SparseMoeBlock):
+            routers.add(f"{name}.gate")
+            routers.add(f"{name}.shared_expert_gate")
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and not isinstance(module.method, UnquantizedLinearMethod):
+            parent = name.rpartition(".")[0]
+            shards = [f"{parent}.{c}" if parent else c for c in module.checkpoint_names or []]
+            if name in routers or config.skips(name, shards or [name]):
+                module.set_method(UnquantizedLinearMethod())
+        elif isinstance(module, FusedExperts) and module.checkpoint_quant is not None:
+            if config.skips(name, []):
+                module.checkpoint_quant = None
+
+
+def finish_loading(model: nn.Module) -> None:
+    """Every Linear's method converts what it loaded into the layout it runs."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.method.process_weights_after_loading(module)
