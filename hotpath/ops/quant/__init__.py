@@ -22,12 +22,6 @@ from hotpath.ops.quant import reference
 from hotpath.ops.quant.reference import GEMV_MAX_ROWS, BlockSize
 
 _GEMV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# the Triton kernels are being written: until they land every call runs the reference
-_KERNELS_READY = False
-
-
-def _use_triton(x: torch.Tensor) -> bool:
-    return _KERNELS_READY and backend.use_triton(x)
 
 
 def fp8_dtype(device: torch.device) -> torch.dtype:
@@ -44,7 +38,7 @@ def gemv_fuses(x: torch.Tensor) -> bool:
     """True when a quantized linear of x runs the Triton GEMV, and so its fused forms (`rms=`,
     silu_and_mul, add_residual) run as one kernel each."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return 0 < rows <= GEMV_MAX_ROWS and x.dtype in _GEMV_DTYPES and _use_triton(x)
+    return 0 < rows <= GEMV_MAX_ROWS and x.dtype in _GEMV_DTYPES and backend.use_triton(x)
 
 
 # ---- activation quantization --------------------------------------------------------------------
@@ -55,7 +49,7 @@ def quantize_fp8_per_token(
     """x ~ x_fp8 * scale[:, None], scale = amax(|row|) / fp8 max (floored); `out_dtype` defaults
     to fp8_dtype(x.device)."""
     out_dtype = out_dtype or fp8_dtype(x.device)
-    if _use_triton(x):
+    if backend.use_triton(x):
         from hotpath.ops.quant import triton_quant
 
         return triton_quant.quantize_fp8_per_token(x, out_dtype)
@@ -69,7 +63,7 @@ def quantize_fp8_per_group(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [M, K] fp8, [M, ceil(K / group)] fp32
     """Per token and `group`-column group: x ~ x_fp8 * scale[:, k // group]."""
     out_dtype = out_dtype or fp8_dtype(x.device)
-    if _use_triton(x):
+    if backend.use_triton(x):
         from hotpath.ops.quant import triton_quant
 
         return triton_quant.quantize_fp8_per_group(x, group, out_dtype)
@@ -85,11 +79,28 @@ def fused_add_rms_norm_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [M, H] fp8, [M] fp32, [M, H]
     """(per-token fp8 of RMSNorm(x + residual), its scales, x + residual) in one pass."""
     out_dtype = out_dtype or fp8_dtype(x.device)
-    if _use_triton(x):
+    if backend.use_triton(x):
         from hotpath.ops.quant import triton_quant
 
         return triton_quant.fused_add_rms_norm_fp8(x, residual, weight, eps, out_dtype)
     return reference.fused_add_rms_norm_fp8(x, residual, weight, eps, out_dtype)
+
+
+def fp8_gemm(
+    a: torch.Tensor,  # [M, K] fp8, quantized activations (e.g. from fused_add_rms_norm_fp8)
+    a_scale: torch.Tensor,  # [M] fp32, or [M, ceil(K / block_k)] with block_size
+    weight: torch.Tensor,  # [N, K] fp8
+    weight_scale: torch.Tensor,
+    block_size: BlockSize | None,
+    bias: torch.Tensor | None = None,  # [N]
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:  # [M, N]
+    """The fp8 GEMM path of fp8_linear on activations quantized already."""
+    if backend.use_triton(a):
+        from hotpath.ops.quant import triton_gemm
+
+        return triton_gemm.fp8_gemm(a, a_scale, weight, weight_scale, block_size, bias, out_dtype)
+    return reference.fp8_gemm(a, a_scale, weight, weight_scale, block_size, bias, out_dtype)
 
 
 # ---- fp8 weights --------------------------------------------------------------------------------
@@ -105,7 +116,7 @@ def fp8_linear(
     """x @ W^T (+ bias) in x's dtype, W the dequantized fp8 weight. `rms` takes the few-rows
     chain's statistic (see hotpath.ops.linear.linear); `out_dtype` stores the result as another
     dtype (fp32 logits)."""
-    if _use_triton(x):
+    if backend.use_triton(x):
         from hotpath.ops.quant import triton_gemm, triton_gemv
 
         if gemv_fuses(x):
@@ -160,7 +171,7 @@ def int4_linear(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., N]
     """x @ W^T (+ bias) in x's dtype, W the dequantized int4 weight."""
-    if _use_triton(x):
+    if backend.use_triton(x):
         from hotpath.ops.quant import triton_gemm, triton_gemv
 
         if gemv_fuses(x):
@@ -211,6 +222,7 @@ def int4_linear_add_residual(
 __all__ = [
     "GEMV_MAX_ROWS",
     "fp8_dtype",
+    "fp8_gemm",
     "fp8_linear",
     "fp8_linear_add_residual",
     "fp8_linear_silu_and_mul",

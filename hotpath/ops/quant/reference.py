@@ -73,6 +73,18 @@ def dequantize_fp8(
     return w * s
 
 
+def fp8_e4m3fn_to_fnuz(
+    weight: torch.Tensor,  # [N, K] float8_e4m3fn
+    scale: torch.Tensor,  # any shape
+) -> tuple[torch.Tensor, torch.Tensor]:  # [N, K] float8_e4m3fnuz, scale * 2
+    """An e4m3fn weight as AMD gfx942's e4m3fnuz with the same dequantized values: the same bits
+    mean half the value (exponent bias 8 rather than 7), so the scales double; -0 (0x80, NaN in
+    e4m3fnuz) becomes 0."""
+    bits = weight.view(torch.uint8)
+    bits = torch.where(bits == 0x80, torch.zeros_like(bits), bits)
+    return bits.view(torch.float8_e4m3fnuz), scale * 2
+
+
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:  # [N, K] int32, 0..15
     """qweight int32 [N, K / 8] -> the nibbles, nibble j of word w at column 8w + j."""
     shifts = 4 * torch.arange(8, dtype=torch.int32, device=qweight.device)
@@ -180,6 +192,26 @@ def fp8_linear(
         xq = dequantize_per_group(x_fp8, s, block_size[1])
     out = _finish(xq @ w.T, x, bias, out_dtype)
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def fp8_gemm(
+    a: torch.Tensor,  # [M, K] fp8
+    a_scale: torch.Tensor,  # [M] or [M, ceil(K / block_k)] fp32
+    weight: torch.Tensor,  # [N, K] fp8
+    weight_scale: torch.Tensor,
+    block_size: BlockSize | None,
+    bias: torch.Tensor | None = None,  # [N]
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:  # [M, N]
+    """(a * a_scale) @ dequantize_fp8(weight)^T (+ bias) in fp32, stored as out_dtype."""
+    if block_size is None:
+        xq = a.float() * a_scale.float().reshape(-1, 1)
+    else:
+        xq = dequantize_per_group(a, a_scale.float(), block_size[1])
+    out = xq @ dequantize_fp8(weight, weight_scale, block_size).T
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
 
 
 def int4_linear(

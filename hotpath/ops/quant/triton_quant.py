@@ -42,7 +42,12 @@ def _round_to_e4m3(q, MIN_EXP: tl.constexpr):
     bits = q.to(tl.int32, bitcast=True)
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     step: tl.constexpr = 1.5 * 2.0 ** (20 + MIN_EXP)
-    subnormal = (q + step) - step
+    subnormal = (tl.abs(q) + step) - step
+    # the sign kept (a negative value rounding to zero is -0, as torch rounds it); e4m3fnuz has
+    # no -0 (its bits are NaN), and adding +0 makes -0 +0
+    subnormal = tl.where(q < 0, -subnormal, subnormal)
+    if MIN_EXP == -7:
+        subnormal = subnormal + 0.0
     return tl.where(tl.abs(q) < 2.0**MIN_EXP, subnormal, normal)
 
 

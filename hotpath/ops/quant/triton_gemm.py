@@ -1,0 +1,317 @@
+"""Linear for many rows (prefill) over quantized weights, on the tensor cores.
+
+- `_fp8_gemm_kernel`: out = (a_fp8 * a_scale) @ (w_fp8 * w_scale)^T (+ bias), the activations
+  quantized before (triton_quant: per token, or per token and 128-column group). A program owns a
+  [BLOCK_M, BLOCK_N] output tile (tiles ordered in groups of GROUP_M rows of tiles, so that a
+  wave of programs shares weight tiles in L2) and walks K in BLOCK_K steps of fp8 x fp8 dots.
+  Per-channel weights (PTPC): one accumulator over all of K (on sm90 promoted to full fp32 every
+  BLOCK_K, as the fp8 MMA accumulates in fewer bits), the token and channel scales multiplied in
+  the epilogue. Block weights: BLOCK_K lies within one scale block, so each step's dot is scaled
+  by its token-group scales and its weight block's scales as it is added (the main loop).
+- `_int4_gemm_kernel`: out = x @ W^T (+ bias), x in its 16-bit dtype; each weight tile is
+  unpacked from int32 words in registers and dequantized before the dot: without g_idx the
+  operand is the exact integer q - z and the group's scales multiply the dot's result (BLOCK_K
+  within one group); with g_idx each element's scale and zero are gathered and the dequantized
+  weight is rounded to x's dtype.
+
+Tiles are a fixed rule of M (no autotuning: the kernels compile once per shape class and are
+capturable); they have not been tuned on a GPU yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hotpath.ops.quant import triton_quant
+from hotpath.ops.quant.reference import BlockSize
+from hotpath.ops.quant.triton_gemv import _nibbles, fp8_weight, int4_weight
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def choose_config(M: int, group_k: int, hip: bool) -> GemmConfig:
+    """`group_k`: the widest K tile the scales allow (a block's or group's width). AMD's 64 KB of
+    LDS holds two stages of 128 x 64 tiles."""
+    block_k = min(128 if not hip else 64, group_k)
+    if M <= 64:
+        return GemmConfig(64, 128, block_k, 8, 4, 2 if hip else 4)
+    return GemmConfig(128, 128, block_k, 8, 8, 2 if hip else 3)
+
+
+def _is_hip(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is not None
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (tile row, tile column), tiles grouped GROUP_M rows at a time."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    rows = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % in_group) % rows, (pid % in_group) // rows
+
+
+@triton.jit
+def _store_tile(out_ptr, bias_ptr, acc, rm, rn, M, N, stride_om, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr,  # [M, K] fp8, the quantized activations
+    a_scale_ptr,  # [M] fp32 (per token) or [M, ceil(K / GROUP_K)] (per token and group)
+    w_ptr,  # [N, K] fp8
+    w_scale_ptr,  # [N] fp32 (per channel) or [ceil(N / GROUP_N), ceil(K / GROUP_K)] (block)
+    bias_ptr,  # [N] (HAS_BIAS)
+    out_ptr,  # [M, N]
+    M,
+    N,
+    K,
+    stride_am,
+    stride_wn,
+    stride_asm,
+    stride_wsn,
+    stride_om,
+    BLOCK_SCALED: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IMPRECISE_ACC: tl.constexpr,  # the fp8 dot's max_num_imprecise_acc (None: the target's)
+):
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows past M / N read the last row again (never stored): the loads need no row mask
+    rm_c = tl.minimum(rm, M - 1).to(tl.int64)
+    rn_c = tl.minimum(rn, N - 1).to(tl.int64)
+    a_rows = a_ptr + rm_c[:, None] * stride_am
+    w_rows = w_ptr + rn_c[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            a = tl.load(a_rows + rk[None, :])
+            w = tl.load(w_rows + rk[None, :])
+        else:
+            a = tl.load(a_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+            w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+        if BLOCK_SCALED:
+            kb = k0 // GROUP_K
+            sa = tl.load(a_scale_ptr + rm_c * stride_asm + kb)
+            sw = tl.load(w_scale_ptr + (rn_c // GROUP_N) * stride_wsn + kb)
+            acc += tl.dot(a, tl.trans(w)) * (sa[:, None] * sw[None, :])
+        else:
+            acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=IMPRECISE_ACC)
+    if not BLOCK_SCALED:
+        acc *= tl.load(a_scale_ptr + rm_c)[:, None] * tl.load(w_scale_ptr + rn_c)[None, :]
+    _store_tile(out_ptr, bias_ptr, acc, rm, rn, M, N, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _int4_gemm_kernel(
+    x_ptr,  # [M, K] 16-bit (fp32 in the interpreter tests)
+    w_ptr,  # [N, K / 8] int32
+    scale_ptr,  # [N, groups] x's dtype
+    zero_ptr,  # [N, groups] uint8
+    gidx_ptr,  # [K] int32 (HAS_GIDX)
+    bias_ptr,  # [N] (HAS_BIAS)
+    out_ptr,  # [M, N]
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    GROUP: tl.constexpr,  # columns per group (without g_idx), a multiple of BLOCK_K
+    HAS_GIDX: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm_c = tl.minimum(rm, M - 1).to(tl.int64)
+    rn_c = tl.minimum(rn, N - 1).to(tl.int64)
+    x_rows = x_ptr + rm_c[:, None] * stride_xm
+    w_rows = w_ptr + rn_c[:, None] * stride_wn
+    dtype = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        rw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        if EVEN_K:
+            x = tl.load(x_rows + rk[None, :])
+            words = tl.load(w_rows + rw[None, :])
+        else:
+            x = tl.load(x_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+            words = tl.load(w_rows + rw[None, :], mask=(rw < K // 8)[None, :], other=0)
+        q = _nibbles(words)  # [BLOCK_N, BLOCK_K / 8, 8]
+        if HAS_GIDX:
+            rk3 = k0 + tl.arange(0, BLOCK_K // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+            g = tl.load(gidx_ptr + rk3, mask=rk3 < K, other=0)
+            offs = rn_c[:, None, None] * stride_sn + g[None, :, :]
+            s = tl.load(scale_ptr + offs).to(tl.float32)
+            z = tl.load(zero_ptr + offs).to(tl.float32)
+            w = tl.reshape((q - z) * s, (BLOCK_N, BLOCK_K)).to(dtype)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        else:
+            offs = rn_c * stride_sn + k0 // GROUP
+            s = tl.load(scale_ptr + offs).to(tl.float32)
+            z = tl.load(zero_ptr + offs).to(tl.float32)
+            w = tl.reshape(q - z[:, None, None], (BLOCK_N, BLOCK_K)).to(dtype)
+            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION) * s[None, :]
+    _store_tile(out_ptr, bias_ptr, acc, rm, rn, M, N, stride_om, HAS_BIAS)
+
+
+def _grid(M: int, N: int, cfg: GemmConfig) -> tuple[int]:
+    return (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+
+
+def fp8_gemm(
+    a: torch.Tensor,  # [M, K] fp8, quantized activations
+    a_scale: torch.Tensor,  # [M] fp32, or [M, ceil(K / block_k)] with block_size
+    weight: torch.Tensor,  # [N, K] fp8 (the same fp8 dtype as a)
+    weight_scale: torch.Tensor,
+    block_size: BlockSize | None,
+    bias: torch.Tensor | None = None,  # [N]
+    out_dtype: torch.dtype = torch.bfloat16,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:  # [M, N]
+    """(a * a_scale) @ (weight * weight_scale)^T (+ bias) in fp32, stored as out_dtype."""
+    w = fp8_weight(weight, weight_scale, block_size)
+    M, K = a.shape
+    N = w.rows
+    if a.dtype != weight.dtype or K != w.K or a.stride(1) != 1:
+        raise ValueError(f"activations {a.dtype} {tuple(a.shape)} (row-major) do not match the "
+                         f"weight {weight.dtype} {tuple(weight.shape)}")
+    group_k = block_size[1] if block_size is not None else 128
+    expected = (M, triton.cdiv(K, group_k)) if block_size is not None else (M,)
+    if tuple(a_scale.shape) != expected:
+        raise ValueError(f"activation scales must be {list(expected)}, got {list(a_scale.shape)}")
+    a_scale = a_scale.float().contiguous()
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
+    out = torch.empty((M, N), dtype=out_dtype, device=a.device)  # [M, N]
+    if M == 0 or N == 0:
+        return out
+    hip = _is_hip(a.device)
+    cfg = config or choose_config(M, group_k, hip)
+    if block_size is not None and group_k % cfg.block_k:
+        raise ValueError(f"a K tile of {cfg.block_k} spans two scale blocks of {group_k}")
+    on_cuda = a.device.type == "cuda" and not hip
+    _fp8_gemm_kernel[_grid(M, N, cfg)](
+        a, a_scale, w.data, w.scale, bias if bias is not None else out, out,
+        M, N, K, a.stride(0), w.data.stride(0), a_scale.stride(0),
+        w.scale.stride(0) if w.scale.dim() == 2 else 1, out.stride(0),
+        BLOCK_SCALED=block_size is not None,
+        GROUP_N=w.group_n,
+        GROUP_K=group_k,
+        HAS_BIAS=bias is not None,
+        EVEN_K=K % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        IMPRECISE_ACC=cfg.block_k if on_cuda else None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def fp8_linear(
+    x: torch.Tensor,  # [..., K]
+    weight: torch.Tensor,  # [N, K] fp8
+    weight_scale: torch.Tensor,
+    block_size: BlockSize | None,
+    bias: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:  # [..., N]
+    """x quantized dynamically (per token for per-channel weights, per token and block_k group
+    for block weights) in the weight's fp8 dtype, then fp8_gemm."""
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    if block_size is None:
+        a, a_scale = triton_quant.quantize_fp8_per_token(x2, weight.dtype)
+    else:
+        a, a_scale = triton_quant.quantize_fp8_per_group(x2, block_size[1], weight.dtype)
+    out = fp8_gemm(a, a_scale, weight, weight_scale, block_size, bias, x.dtype, config)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def int4_linear(
+    x: torch.Tensor,  # [..., K]
+    qweight: torch.Tensor,  # [N, K / 8] int32
+    scales: torch.Tensor,  # [N, groups]
+    qzeros: torch.Tensor,  # [N, groups] uint8
+    group_size: int,
+    g_idx: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:  # [..., N]
+    w = int4_weight(qweight, scales, qzeros, group_size, g_idx)
+    K = x.shape[-1]
+    if K != w.K:
+        raise ValueError(f"x has {K} features but the weight has {w.K}")
+    N = w.rows
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)  # [M, N]
+    if M > 0 and N > 0:
+        cfg = config or choose_config(M, w.group, _is_hip(x.device))
+        if g_idx is None and w.group % cfg.block_k:
+            raise ValueError(f"a K tile of {cfg.block_k} spans two groups of {w.group}")
+        _int4_gemm_kernel[_grid(M, N, cfg)](
+            x2, w.data, w.scale, w.zeros, w.g_idx if w.g_idx is not None else w.scale,
+            bias if bias is not None else out, out,
+            M, N, K, x2.stride(0), w.data.stride(0), w.scale.stride(0), out.stride(0),
+            GROUP=w.group,
+            HAS_GIDX=g_idx is not None,
+            HAS_BIAS=bias is not None,
+            EVEN_K=K % cfg.block_k == 0,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+    return out.view(*x.shape[:-1], N)
+
+
+__all__ = ["GemmConfig", "fp8_gemm", "fp8_linear", "int4_linear"]
