@@ -1,4 +1,4 @@
-"""The `hotpath` command: generate, chat, fetch, serve, bench latency, bench throughput, bench serve.
+"""The `hotpath` command: generate, chat, fetch, quantize, serve, bench latency, bench throughput, bench serve.
 
 Each command imports what it needs (torch, transformers, the engine: seconds) when it runs, and
 the parser is built without them, so `--help` answers at once. The bench commands' parsers live in
@@ -154,6 +154,17 @@ def cmd_fetch(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(ns: argparse.Namespace) -> int:
+    from hotpath.quantizer.quantize import QuantizeOptions, quantize
+
+    options = QuantizeOptions(
+        method=ns.method, group_size=ns.group_size, desc_act=ns.desc_act, sym=ns.sym,
+        damp_percent=ns.damp_percent, calibration=ns.calibration, num_samples=ns.num_samples,
+        seq_len=ns.seq_len, clip=ns.clip, dtype=ns.dtype, device=ns.device, seed=ns.seed)
+    print(quantize(ns.model, ns.out, options))
+    return 0
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from hotpath.server.launch import run_server
 
@@ -250,6 +261,40 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS),
                    help=f"which model (default {DEFAULT_MODEL})")
     p.set_defaults(func=cmd_fetch)
+
+    p = _add_command(sub, "quantize", "write a model's checkpoint quantized (fp8, AWQ or GPTQ)",
+                     "Write MODEL's checkpoint quantized into OUT, in the layout the published "
+                     "checkpoints of that format use (loadable by hotpath, vLLM and transformers): "
+                     "fp8-block (Qwen's FP8, 128x128 block scales), fp8-ptpc (compressed-tensors "
+                     "FP8, per-channel weights, per-token activations), awq (AutoAWQ GEMM int4, "
+                     "activation-aware scale search on calibration text), gptq (AutoGPTQ int4, "
+                     "Hessian-based error compensation). fp8 streams tensor by tensor; awq and "
+                     "gptq hold the model in memory and calibrate it layer by layer.")
+    p.add_argument("model", help="the model: a known asset name, an HF model directory or a .gguf file")
+    p.add_argument("out", help="output directory (created; must not exist or be empty)")
+    p.add_argument("--method", required=True, choices=["fp8-block", "fp8-ptpc", "awq", "gptq"],
+                   help="the quantization format")
+    p.add_argument("--group-size", type=int, default=128,
+                   help="awq, gptq: inputs per quantization group (-1: one group per row)")
+    p.add_argument("--desc-act", action="store_true",
+                   help="gptq: quantize columns in order of decreasing activation (g_idx in the checkpoint)")
+    p.add_argument("--sym", action=argparse.BooleanOptionalAction, default=True,
+                   help="gptq: symmetric groups (zero point 8)")
+    p.add_argument("--damp-percent", type=float, default=0.01,
+                   help="gptq: fraction of the mean Hessian diagonal added to it")
+    p.add_argument("--calibration", default="humaneval",
+                   help="awq, gptq: calibration text: humaneval or sharegpt (fetched on first use), "
+                        "random (token ids; tests), or the path of a text file")
+    p.add_argument("--num-samples", type=int, default=64, help="awq, gptq: calibration sequences")
+    p.add_argument("--seq-len", type=int, default=512, help="awq, gptq: tokens per calibration sequence")
+    p.add_argument("--clip", action=argparse.BooleanOptionalAction, default=True,
+                   help="awq: search each group's clipping range after the scales")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="dtype of the tensors left unquantized (default: bfloat16 for fp8, float16 "
+                        "for awq and gptq, as the published checkpoints have them)")
+    p.add_argument("--device", default="cpu", help="device to quantize on: cpu, cuda or cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling the calibration text")
+    p.set_defaults(func=cmd_quantize)
 
     p = _add_command(sub, "serve", "serve the model over an OpenAI-compatible HTTP API")
     g = p.add_argument_group("server")

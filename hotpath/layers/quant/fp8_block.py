@@ -34,15 +34,20 @@ class Fp8BlockLinearMethod(Fp8LinearMethod):
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
         bn, bk = self.block_size
         # a fused layer's block scales are its projections' stacked: each must start on a block
-        for size in layer.output_sizes[:-1]:
-            if size % bn:
-                raise ValueError(
-                    f"fp8 block quantization: a fused projection of {layer.output_sizes} output "
-                    f"features has a part of {size}, not a multiple of the block height {bn}")
+        # (checked as it loads: a layer the checkpoint leaves unquantized is reset before that)
+        self.misaligned = [size for size in layer.output_sizes[:-1] if size % bn]
         layer.weight = checkpoint_param(
             torch.empty(out_features, in_features, dtype=FP8_CHECKPOINT_DTYPE))  # [N, K]
         scale = torch.empty(-(-out_features // bn), -(-in_features // bk), dtype=torch.float32)
         setattr(layer, self.scale_name, checkpoint_param(scale, pack_factor=bn))  # [N/bn, K/bk]
+
+    def load_weight(self, layer: Linear, param: torch.nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
+        if self.misaligned:
+            raise ValueError(
+                f"is fp8 with block scales, but hotpath fuses it with other projections into one "
+                f"layer of {layer.output_sizes} output features, and parts of {self.misaligned} "
+                f"do not fill whole {self.block_size[0]}-row blocks")
+        super().load_weight(layer, param, shard, loaded)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         weight, scale = to_device_fp8(layer.weight.data, self._scale(layer).data)
