@@ -1,0 +1,318 @@
+"""Every quantized format's loader on hand-built tiny checkpoints: the layers hold exactly the
+weights the files encode. The files are packed here with plain loops written from the format
+descriptions (not with hotpath's packing code), from random integers and scales whose products
+are exact in fp32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from hotpath.layers.linear import Linear, UnquantizedLinearMethod
+from hotpath.layers.quant.detect import read_quant_config
+from hotpath.loader.model_loader import load_model
+from hotpath.models.registry import read_config
+from hotpath.ops.quant.reference import MIN_SCALE_FACTOR, dequantize_fp8, dequantize_int4
+
+HIDDEN, HEADS, HEAD_DIM, KV_HEADS, INTER, LAYERS, VOCAB = 128, 8, 32, 4, 256, 2, 256
+LINEARS = {  # checkpoint module -> (out, in)
+    "self_attn.q_proj": (HEADS * HEAD_DIM, HIDDEN), "self_attn.k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "self_attn.v_proj": (KV_HEADS * HEAD_DIM, HIDDEN), "self_attn.o_proj": (HIDDEN, HEADS * HEAD_DIM),
+    "mlp.gate_proj": (INTER, HIDDEN), "mlp.up_proj": (INTER, HIDDEN), "mlp.down_proj": (HIDDEN, INTER),
+}
+FUSED = {"self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+         "self_attn.o_proj": ["self_attn.o_proj"],
+         "mlp.gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"], "mlp.down_proj": ["mlp.down_proj"]}
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def qwen3_config(quantization_config: dict | None) -> dict:
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": HIDDEN,
+              "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": VOCAB,
+              "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "tie_word_embeddings": False,
+              "torch_dtype": "bfloat16", "hidden_act": "silu"}
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    return config
+
+
+def write_checkpoint(path: Path, config: dict, linear_tensors, linears: dict = LINEARS
+                     ) -> dict[str, torch.Tensor]:
+    """A tiny Qwen3 whose every linear gets linear_tensors(name, out, in, gen) -> (its checkpoint
+    tensors by suffix, its exact dense weight); returns {module name: dense weight}."""
+    g = torch.Generator().manual_seed(0)
+    tensors = {"model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=g),
+               "lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=g),
+               "model.norm.weight": torch.rand(HIDDEN, generator=g) + 0.5}
+    dense = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"{p}.{norm}.weight"] = torch.rand(HIDDEN, generator=g) + 0.5
+        for norm in ("q_norm", "k_norm"):
+            tensors[f"{p}.self_attn.{norm}.weight"] = torch.rand(HEAD_DIM, generator=g) + 0.5
+        for name, (n, k) in linears.items():
+            parts, w = linear_tensors(f"{p}.{name}", n, k, g)
+            dense[f"{p}.{name}"] = w
+            for suffix, t in parts.items():
+                tensors[f"{p}.{name}.{suffix}"] = t
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(config))
+    return dense
+
+
+def load(path: Path, quantization: str | None = None):
+    cfg = read_config(path)
+    cfg.quantization = read_quant_config(path, quantization)
+    return load_model(cfg, path, "auto", torch.device("cpu"), torch.float32, 64)
+
+
+def fused_dense(dense: dict[str, torch.Tensor], layer: int, fused: str) -> torch.Tensor:
+    return torch.cat([dense[f"model.layers.{layer}.{n}"] for n in FUSED[fused]])
+
+
+def random_fp8(n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    return (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def pack_rows_awq(values: torch.Tensor) -> torch.Tensor:
+    """[R, C] 0..15 -> int32 [R, C/8]: nibble i of word w holds column 8w + AWQ_ORDER[i]."""
+    R, C = values.shape
+    out = torch.zeros(R, C // 8, dtype=torch.int64)
+    for w in range(C // 8):
+        for i in range(8):
+            out[:, w] |= values[:, 8 * w + AWQ_ORDER[i]].long() << (4 * i)
+    return (out - (out >= 2**31).long() * 2**32).to(torch.int32)
+
+
+def pack_sequential(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """Packs 8 consecutive entries along `dim` into one int32, entry j in bits 4j..4j+3."""
+    v = values.long().movedim(dim, 0)
+    out = torch.zeros(v.shape[0] // 8, *v.shape[1:], dtype=torch.int64)
+    for w in range(v.shape[0] // 8):
+        for j in range(8):
+            out[w] |= v[8 * w + j] << (4 * j)
+    out = out - (out >= 2**31).long() * 2**32
+    return out.to(torch.int32).movedim(0, dim).contiguous()
+
+
+def test_fp8_block_checkpoint_loads_exact(tmp_path):
+    def tensors(name, n, k, g):
+        w = random_fp8(n, k, g)
+        scale = (torch.rand(-(-n // 128), -(-k // 128), generator=g) + 0.5).to(torch.bfloat16)
+        dense = w.float() * scale.float().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        return {"weight": w, "weight_scale_inv": scale}, dense
+
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    dense = write_checkpoint(tmp_path, qwen3_config(qc), tensors)
+    model = load(tmp_path)
+    for i in range(LAYERS):
+        layer = model.model.layers[i]
+        for fused in FUSED:
+            lin = layer.get_submodule(fused)
+            assert lin.weight.dtype == torch.float8_e4m3fn and lin.weight_scale_inv.dtype == torch.float32
+            got = dequantize_fp8(lin.weight, lin.weight_scale_inv, (128, 128))
+            assert torch.equal(got, fused_dense(dense, i, fused)), fused
+    assert model.lm_head.weight.dtype == torch.float32  # the LM head stays in the model dtype
+
+
+def test_compressed_tensors_fp8_channel_loads_exact_and_ignores(tmp_path):
+    ignored = "model.layers.1.mlp.down_proj"
+
+    def tensors(name, n, k, g):
+        if name == ignored:
+            w = torch.randn(n, k, generator=g)
+            return {"weight": w}, w
+        w = random_fp8(n, k, g)
+        scale = (torch.rand(n, 1, generator=g) + 0.01).to(torch.bfloat16)
+        return {"weight": w, "weight_scale": scale}, w.float() * scale.float()
+
+    args = dict(num_bits=8, type="float", symmetric=True, group_size=None, block_structure=None)
+    qc = {"quant_method": "compressed-tensors", "format": "float-quantized",
+          "config_groups": {"group_0": {"targets": ["Linear"],
+                                        "weights": {**args, "strategy": "channel", "dynamic": False},
+                                        "input_activations": {**args, "strategy": "token", "dynamic": True}}},
+          "ignore": ["lm_head", ignored]}
+    dense = write_checkpoint(tmp_path, qwen3_config(qc), tensors)
+    model = load(tmp_path)
+    for i in range(LAYERS):
+        for fused in FUSED:
+            lin = model.model.layers[i].get_submodule(fused)
+            if f"model.layers.{i}.{fused}" == ignored:
+                assert isinstance(lin.method, UnquantizedLinearMethod)
+                assert torch.equal(lin.weight, dense[ignored])
+                continue
+            assert lin.weight_scale.shape == (lin.weight.shape[0],)
+            assert torch.equal(dequantize_fp8(lin.weight, lin.weight_scale, None), fused_dense(dense, i, fused))
+
+
+def _int4_values(n: int, k: int, G: int, g: torch.Generator):
+    q = torch.randint(0, 16, (n, k), generator=g)
+    zeros = torch.randint(0, 16, (n, k // G), generator=g)
+    scales = (torch.rand(n, k // G, generator=g) * 0.1 + 0.001).to(torch.float16)
+    return q, zeros, scales
+
+
+@pytest.mark.parametrize("G", [32, 128])
+def test_awq_checkpoint_loads_exact(tmp_path, G):
+    def tensors(name, n, k, g):
+        q, zeros, scales = _int4_values(n, k, G, g)
+        gidx = torch.arange(k) // G
+        dense = (q - zeros[:, gidx]).float() * scales.float()[:, gidx]
+        return {"qweight": pack_rows_awq(q.T), "qzeros": pack_rows_awq(zeros.T),
+                "scales": scales.T.contiguous()}, dense
+
+    qc = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": G, "zero_point": True,
+          "modules_to_not_convert": None}
+    dense = write_checkpoint(tmp_path, qwen3_config(qc), tensors)
+    model = load(tmp_path)
+    for i in range(LAYERS):
+        for fused in FUSED:
+            lin = model.model.layers[i].get_submodule(fused)
+            N, K = lin.qweight.shape[0], lin.qweight.shape[1] * 8
+            assert lin.qweight.dtype == torch.int32 and lin.qzeros.dtype == torch.uint8
+            assert lin.scales.shape == (N, K // G) and lin.g_idx is None
+            got = dequantize_int4(lin.qweight, lin.scales, lin.qzeros, G)
+            assert torch.equal(got, fused_dense(dense, i, fused)), fused
+
+
+@pytest.mark.parametrize("desc_act,fmt", [(False, "gptq"), (True, "gptq"), (False, "gptq_v2")])
+def test_gptq_checkpoint_loads_exact(tmp_path, desc_act, fmt):
+    G = 32
+    perms = {}  # one g_idx per input: projections that share an input share it
+
+    def tensors(name, n, k, g):
+        q, zeros, scales = _int4_values(n, k, G, g)
+        if desc_act:
+            module, _, proj = name.rpartition(".")
+            key = (module, SHARED_INPUT.get(proj, proj))
+            if key not in perms:
+                perms[key] = torch.randperm(k, generator=g)
+            gidx = torch.empty(k, dtype=torch.long)
+            gidx[perms[key]] = torch.arange(k) // G
+        else:
+            gidx = torch.arange(k) // G
+        dense = (q - zeros[:, gidx]).float() * scales.float()[:, gidx]
+        stored_zeros = (zeros - 1) & 0xF if fmt == "gptq" else zeros
+        return {"qweight": pack_sequential(q.T, 0), "qzeros": pack_sequential(stored_zeros.T, 1),
+                "scales": scales.T.contiguous(), "g_idx": gidx.to(torch.int32)}, dense
+
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": G, "desc_act": desc_act, "sym": False,
+          "checkpoint_format": fmt}
+    dense = write_checkpoint(tmp_path, qwen3_config(qc), tensors)
+    model = load(tmp_path)
+    for i in range(LAYERS):
+        for fused in FUSED:
+            lin = model.model.layers[i].get_submodule(fused)
+            assert (lin.g_idx is not None) == desc_act
+            got = dequantize_int4(lin.qweight, lin.scales, lin.qzeros, G, lin.g_idx)
+            assert torch.equal(got, fused_dense(dense, i, fused)), fused
+
+
+def test_gptq_fused_projections_with_different_g_idx_are_refused(tmp_path):
+    G = 32
+
+    def tensors(name, n, k, g):
+        q, zeros, scales = _int4_values(n, k, G, g)
+        gidx = torch.randperm(k, generator=g) // G  # each projection its own
+        return {"qweight": pack_sequential(q.T, 0), "qzeros": pack_sequential(zeros.T, 1),
+                "scales": scales.T.contiguous(), "g_idx": gidx.to(torch.int32)}, q.float()
+
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": G, "desc_act": True}
+    write_checkpoint(tmp_path, qwen3_config(qc), tensors)
+    with pytest.raises(ValueError, match="different g_idx"):
+        load(tmp_path)
+
+
+def test_online_fp8_quantizes_each_row_while_loading(tmp_path):
+    def tensors(name, n, k, g):
+        w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)  # rows of varied range
+        return {"weight": w}, w
+
+    dense = write_checkpoint(tmp_path, qwen3_config(None), tensors)
+    model = load(tmp_path, "fp8")
+    for i in range(LAYERS):
+        for fused in FUSED:
+            lin = model.model.layers[i].get_submodule(fused)
+            w = fused_dense(dense, i, fused)
+            assert lin.weight.dtype == torch.float8_e4m3fn
+            expected_scale = (w.abs().amax(1) / 448).clamp(min=MIN_SCALE_FACTOR / 448)  # floored
+            torch.testing.assert_close(lin.weight_scale, expected_scale, rtol=1e-6, atol=0)
+            got = dequantize_fp8(lin.weight, lin.weight_scale, None)
+            # e4m3 keeps 3 mantissa bits: within half a step (1/16 relative) of the row's values,
+            # and the row maximum exact where the scale is not floored
+            assert ((got - w).abs() <= w.abs() / 16 + expected_scale[:, None] * 2**-9).all()
+            full = w.abs().amax(1) >= MIN_SCALE_FACTOR
+            assert full.sum() > len(full) // 2
+            assert torch.allclose(got.abs().amax(1)[full], w.abs().amax(1)[full], rtol=1e-6)
+
+
+def test_misaligned_fused_fp8_blocks_are_refused_at_load(tmp_path):
+    def tensors(name, n, k, g):
+        w = random_fp8(n, k, g)
+        scale = torch.ones(-(-n // 128), -(-k // 128))
+        return {"weight": w, "weight_scale_inv": scale}, w.float()
+
+    config = qwen3_config({"quant_method": "fp8", "weight_block_size": [128, 128]})
+    config["num_key_value_heads"] = 2  # a k part of 64 rows: the v part cannot start a block
+    linears = {**LINEARS, "self_attn.k_proj": (64, HIDDEN), "self_attn.v_proj": (64, HIDDEN)}
+    write_checkpoint(tmp_path, config, tensors, linears)
+    with pytest.raises(ValueError, match="whole 128-row blocks"):
+        load(tmp_path)
+
+
+def test_linear_layers_take_the_method_of_the_model_being_built():
+    from hotpath.layers.quant.awq import AwqConfig, AwqLinearMethod
+    from hotpath.layers.quant.base import building_with
+
+    with building_with(AwqConfig(32)):
+        lin = Linear(64, [32, 32])
+    plain = Linear(64, [32])
+    assert isinstance(lin.method, AwqLinearMethod) and lin.qweight.shape == (64, 8)
+    assert isinstance(plain.method, UnquantizedLinearMethod)
+    lin.set_method(UnquantizedLinearMethod())
+    assert lin.weight.shape == (64, 64) and not hasattr(lin, "qweight")
+
+
+def test_fp8_block_moe_experts_dequantize_exactly_and_router_stays_unquantized(tmp_path):
+    """The Qwen3-30B-A3B-FP8 layout: per-expert fp8 weight + weight_scale_inv; the router gate in
+    the model dtype. Experts load dequantized into the stacked w13 / w2."""
+    experts, moe_inter = 3, 128
+
+    def tensors(name, n, k, g):
+        w = random_fp8(n, k, g)
+        scale = (torch.rand(-(-n // 128), -(-k // 128), generator=g) + 0.5).to(torch.bfloat16)
+        dense = w.float() * scale.float().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        return {"weight": w, "weight_scale_inv": scale}, dense
+
+    linears = {k: v for k, v in LINEARS.items() if k.startswith("self_attn")}
+    for e in range(experts):
+        linears[f"mlp.experts.{e}.gate_proj"] = (moe_inter, HIDDEN)
+        linears[f"mlp.experts.{e}.up_proj"] = (moe_inter, HIDDEN)
+        linears[f"mlp.experts.{e}.down_proj"] = (HIDDEN, moe_inter)
+    config = qwen3_config({"quant_method": "fp8", "weight_block_size": [128, 128],
+                           "activation_scheme": "dynamic"})
+    config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=experts,
+                  num_experts_per_tok=2, moe_intermediate_size=moe_inter, norm_topk_prob=True)
+    dense = write_checkpoint(tmp_path, config, tensors, linears)
+    from safetensors.torch import load_file
+    weights = load_file(tmp_path / "model.safetensors")
+    routers = {f"model.layers.{i}.mlp.gate.weight": torch.randn(experts, HIDDEN) for i in range(LAYERS)}
+    save_file({**weights, **routers}, tmp_path / "model.safetensors")
+    model = load(tmp_path)
+    for i in range(LAYERS):
+        mlp = model.model.layers[i].mlp
+        assert isinstance(mlp.gate.method, UnquantizedLinearMethod)
+        assert torch.equal(mlp.gate.weight, routers[f"model.layers.{i}.mlp.gate.weight"])
+        for e in range(experts):
+            p = f"model.layers.{i}.mlp.experts.{e}"
+            w13 = torch.cat([dense[f"{p}.gate_proj"], dense[f"{p}.up_proj"]])
+            assert torch.equal(mlp.experts.w13[e], w13)
+            assert torch.equal(mlp.experts.w2[e], dense[f"{p}.down_proj"])
