@@ -14,7 +14,7 @@ from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.quant.base import current_quant_config
 from hotpath.layers.quant.experts import dequantizing_loaders
 from hotpath.layers.mlp import GatedMLP
-from hotpath.ops.moe import fused_moe, route
+from hotpath.ops.moe import FEW_TOKENS, add_into_residual, fused_moe, route
 
 
 class FusedExperts(nn.Module):
@@ -75,25 +75,45 @@ class SparseMoeBlock(nn.Module):
         shared_expert_intermediate_size: int = 0,  # 0: no shared expert (Qwen3-MoE)
     ) -> None:
         super().__init__()
+        self.num_experts = num_experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        self.gate = Linear(hidden_size, [num_experts])  # the router
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
         if shared_expert_intermediate_size:
-            # Qwen2-MoE's shared expert, every token through it, scaled by a sigmoid gate
+            # Qwen2-MoE's shared expert, every token through it, scaled by a sigmoid gate whose
+            # one row rides along with the router's (one projection for both)
+            self.gate = Linear(hidden_size, [num_experts, 1], checkpoint_names=["gate", "shared_expert_gate"])
             self.shared_expert = GatedMLP(hidden_size, shared_expert_intermediate_size)
-            self.shared_expert_gate = Linear(hidden_size, [1])
         else:
+            self.gate = Linear(hidden_size, [num_experts])  # the router
             self.shared_expert = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        router_logits = self.gate(x)  # [T, E], model dtype
-        topk_weights, topk_ids = route(router_logits, self.top_k, self.norm_topk_prob)
+        logits = self.gate(x)  # [T, E (+ 1: the shared expert's gate)], model dtype
+        topk_weights, topk_ids = route(logits[:, : self.num_experts], self.top_k, self.norm_topk_prob)
         out = self.experts(x, topk_weights, topk_ids)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + torch.sigmoid(logits[:, self.num_experts :]) * self.shared_expert(x)
         return out
 
     def fuses(self, x: torch.Tensor) -> bool:
-        """No fused few-rows form yet: a model with MoE layers runs its decode unfused."""
-        return False
+        shared = self.shared_expert is None or self.shared_expert.fuses(x)
+        return x.shape[0] <= FEW_TOKENS and self.gate.fuses(x) and shared
+
+    def forward_few_rows(
+        self,
+        h: torch.Tensor,  # [M, hidden], the residual stream, updated in place
+        sumsq: torch.Tensor,  # [T, M] fp32, h's partial sums of squares (unused: the norm's launch
+        # recomputes them, as the experts' kernels read the normalised rows themselves)
+        norm: nn.Module,  # the post-attention RMSNorm
+    ) -> torch.Tensor:  # [1, M] fp32, the new h's sums of squares
+        """h += moe(norm(h)): the norm, the router (with the shared expert's gate), the routing,
+        the experts' two kernels, the shared expert's two projections and one launch adding it
+        all into h, where the plain path takes two norms and three element-wise ops more."""
+        x = norm(h)
+        logits = self.gate(x)
+        topk_weights, topk_ids = route(logits[:, : self.num_experts], self.top_k, self.norm_topk_prob)
+        out = self.experts(x, topk_weights, topk_ids)
+        if self.shared_expert is None:
+            return add_into_residual(h, out)
+        return add_into_residual(h, out, self.shared_expert(x), logits[:, self.num_experts :])

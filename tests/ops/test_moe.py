@@ -529,3 +529,35 @@ def test_cuda_route_and_fused_moe_in_graph(T, gpu_triton):
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must be compiled, not interpreted"
     print(json.dumps(_compile_all(sys.argv[1])))
+
+
+def check_add_into_residual(M, H, dtype, device, shared):
+    """The sparse block's end in the fused chain: the residual and its sums of squares, against
+    the reference, with the shared expert's gate a strided column of the router's logits."""
+    g = torch.Generator().manual_seed(M)
+    residual = torch.randn(M, H, generator=g).to(device, dtype)
+    experts_out = torch.randn(M, H, generator=g).to(device, dtype)
+    shared_out = torch.randn(M, H, generator=g).to(device, dtype) if shared else None
+    logits = torch.randn(M, 9, generator=g).to(device, dtype)
+    gate = logits[:, 8:] if shared else None
+    want = residual.clone()
+    want_sumsq = reference.add_into_residual(want, experts_out, shared_out, gate)
+    got = residual.clone()
+    got_sumsq = moe.add_into_residual(got, experts_out, shared_out, gate)
+    assert got_sumsq.shape == want_sumsq.shape == (1, M)
+    assert (got == want).float().mean() > 0.99  # rounded where the reference rounds
+    assert rel_err(got, want) < TOL[dtype]
+    assert rel_err(got_sumsq, want_sumsq) < 1e-5
+    assert not torch.equal(got, residual)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_interpreter_add_into_residual(shared, interpreter, poisoned):
+    check_add_into_residual(3, 100, torch.float32, "cpu", shared)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shared", [False, True])
+def test_cuda_add_into_residual(shared, dtype, gpu_triton, poisoned):
+    check_add_into_residual(16, 2048, dtype, "cuda", shared)

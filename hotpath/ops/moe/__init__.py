@@ -59,4 +59,19 @@ def fused_moe(
     return reference.fused_moe(x, w13, w2, topk_weights, topk_ids)
 
 
-__all__ = ["FEW_TOKENS", "fused_moe", "route"]
+def add_into_residual(
+    residual: torch.Tensor,  # [M, H], updated in place
+    experts_out: torch.Tensor,  # [M, H]
+    shared_out: torch.Tensor | None = None,  # [M, H]
+    shared_gate: torch.Tensor | None = None,  # [M, 1] logit
+) -> torch.Tensor:  # [1, M] fp32
+    """See reference.add_into_residual: the sparse block's end in the fused decode chain, one
+    launch on the GPU."""
+    if backend.use_triton(residual):
+        from hotpath.ops.moe import triton_residual
+
+        return triton_residual.add_into_residual(residual, experts_out, shared_out, shared_gate)
+    return reference.add_into_residual(residual, experts_out, shared_out, shared_gate)
+
+
+__all__ = ["FEW_TOKENS", "add_into_residual", "fused_moe", "route"]

@@ -88,3 +88,19 @@ def check_moe_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                          f"{topk_weights.dtype} {tuple(topk_weights.shape)}")
     if not x.dtype == w13.dtype == w2.dtype:
         raise ValueError(f"x, w13 and w2 must share a dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+
+
+def add_into_residual(
+    residual: torch.Tensor,  # [M, H], the residual stream, updated in place
+    experts_out: torch.Tensor,  # [M, H], the routed experts' sum
+    shared_out: torch.Tensor | None = None,  # [M, H], the shared expert's output
+    shared_gate: torch.Tensor | None = None,  # [M, 1] (a strided column is fine), its gate's logit
+) -> torch.Tensor:  # [1, M] fp32
+    """residual += experts_out (+ sigmoid(shared_gate) * shared_out), rounded where HF's sparse
+    block and its residual add round (each op in the model dtype); returns the new rows' sums of
+    squares, the statistic the fused decode chain's next projection normalises with."""
+    out = experts_out
+    if shared_out is not None:
+        out = out + torch.sigmoid(shared_gate) * shared_out
+    residual.copy_(residual + out)
+    return residual.float().pow(2).sum(-1)[None]
