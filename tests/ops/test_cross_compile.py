@@ -275,6 +275,50 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
         torch.empty(2, dtype=torch.int64, device=META))
 
 
+def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
+    """hotpath.ops.quant (no layer calls it yet), once, at Qwen3-8B's gate_up / down shapes: the
+    GEMV's fused forms at the decode batches in each weight format, the GEMMs and activation
+    quantization at a prefill. The fp8 dtype is the target's (e4m3fnuz on gfx942)."""
+    from hotpath.ops import quant
+
+    if run.name != "qwen3-8b":
+        return
+    f8 = torch.float8_e4m3fnuz if target.name == "gfx942" else torch.float8_e4m3fn
+
+    def e(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device=META)
+
+    H, I, block = 4096, 12288, (128, 128)
+    fp8 = {"ptpc": (e(2 * I, dtype=torch.float32), e(H, dtype=torch.float32), None),
+           "block": (e(2 * I // 128, H // 128, dtype=torch.float32),
+                     e(H // 128, I // 128, dtype=torch.float32), block)}
+    for rows in DECODE_BATCHES[:3] + (16,):
+        rms = (e(2, rows, dtype=torch.float32), e(H), 1e-6)
+        for name, (s_up, s_down, bs) in fp8.items():
+            step[0] = f"{run.name}/quant-{name}-b{rows}-gate_up"
+            quant.fp8_linear_silu_and_mul(e(rows, H), e(2 * I, H, dtype=f8), s_up, bs, rms=rms)
+            step[0] = f"{run.name}/quant-{name}-b{rows}-down"
+            quant.fp8_linear_add_residual(e(rows, I), e(H, I, dtype=f8), s_down, bs, e(rows, H))
+        for name, g_idx in (("awq", None), ("gptq-act-order", e(H, dtype=torch.int32))):
+            step[0] = f"{run.name}/quant-{name}-b{rows}-gate_up"
+            quant.int4_linear_silu_and_mul(e(rows, H), e(2 * I, H // 8, dtype=torch.int32),
+                                           e(2 * I, H // 128), e(2 * I, H // 128, dtype=torch.uint8),
+                                           128, g_idx, rms=rms)
+            step[0] = f"{run.name}/quant-{name}-b{rows}-o_bias"
+            quant.int4_linear(e(rows, H), e(H, H // 8, dtype=torch.int32), e(H, H // 128),
+                              e(H, H // 128, dtype=torch.uint8), 128, g_idx, bias=e(H))
+    for rows in (64, 1512):
+        for name, (s_up, _, bs) in fp8.items():
+            step[0] = f"{run.name}/quant-{name}-prefill{rows}"
+            quant.fp8_linear(e(rows, H), e(2 * I, H, dtype=f8), s_up, bs)
+        for name, g_idx in (("awq", None), ("gptq-act-order", e(H, dtype=torch.int32))):
+            step[0] = f"{run.name}/quant-{name}-prefill{rows}"
+            quant.int4_linear(e(rows, H), e(H, H // 8, dtype=torch.int32), e(H, H // 128),
+                              e(H, H // 128, dtype=torch.uint8), 128, g_idx)
+    step[0] = f"{run.name}/quant-norm"
+    quant.fused_add_rms_norm_fp8(e(1512, H), e(1512, H), e(H), 1e-6, f8)
+
+
 def _key(value) -> object:
     """What a launch's compile may depend on in an argument: a tensor's dtype, alignment and
     whether it is under 2 GB (AMD's buffer loads), any other value itself."""
@@ -303,6 +347,7 @@ def record(target: Target) -> list[Launch]:
         step = [""]
         with torch.inference_mode(), _recording(target, roles, step) as recorded:
             _steps(run, model, target, step)
+            _quant_steps(run, target, step)
         for launch in recorded:
             key = (launch.kernel, tuple(map(_key, launch.args)),
                    tuple((k, _key(v)) for k, v in sorted(launch.kwargs.items())))

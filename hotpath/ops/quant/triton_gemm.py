@@ -41,9 +41,13 @@ class GemmConfig:
     num_stages: int
 
 
-def choose_config(M: int, group_k: int, hip: bool) -> GemmConfig:
+def choose_config(M: int, group_k: int, hip: bool, int4: bool = False) -> GemmConfig:
     """`group_k`: the widest K tile the scales allow (a block's or group's width). AMD's 64 KB of
-    LDS holds two stages of 128 x 64 tiles."""
+    LDS holds two stages of 128 x 64 tiles. int4 tiles are 64 x 64: the unpacked nibbles of a
+    128 x 128 weight tile spilled on sm90 (936 bytes a thread)."""
+    if int4:
+        return GemmConfig(64 if M <= 64 else 128, 64, min(64, group_k), 8, 4 if M <= 64 else 8,
+                          2 if hip else 3)
     block_k = min(128 if not hip else 64, group_k)
     if M <= 64:
         return GemmConfig(64, 128, block_k, 8, 4, 2 if hip else 4)
@@ -292,7 +296,7 @@ def int4_linear(
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)  # [M, N]
     if M > 0 and N > 0:
-        cfg = config or choose_config(M, w.group, _is_hip(x.device))
+        cfg = config or choose_config(M, w.group, _is_hip(x.device), int4=True)
         if g_idx is None and w.group % cfg.block_k:
             raise ValueError(f"a K tile of {cfg.block_k} spans two groups of {w.group}")
         _int4_gemm_kernel[_grid(M, N, cfg)](

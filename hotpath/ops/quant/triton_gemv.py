@@ -56,7 +56,8 @@ class QuantGemvConfig:
     use_dot: bool
 
 
-def choose_config(M: int, N: int, K: int, wfmt: int, group: int, device: torch.device) -> QuantGemvConfig:
+def choose_config(M: int, N: int, K: int, wfmt: int, group: int, device: torch.device,
+                  gidx: bool = False) -> QuantGemvConfig:
     """Tiles for M rows of an [N, K] weight; `group` is the scale block's width along K (fp8
     block) or the int4 group (0: per-channel fp8). Not measured yet: the 16-bit kernel's rules
     (8 x all-of-K tiles at one row, 1024-wide tiles walked where K is long and not a multiple of
@@ -70,10 +71,16 @@ def choose_config(M: int, N: int, K: int, wfmt: int, group: int, device: torch.d
             block_k = whole
         else:
             block_k = 1024
+        if gidx:
+            # the gathered scales and zeros of a wider tile spilled (sm90, 4096: 488 bytes)
+            block_k = min(block_k, 512)
         return QuantGemvConfig(block_n, block_k, 8 if block_k >= 2048 else 4, 1, False)
     block_n = 32 if triton.cdiv(N, 32) >= 2 * sm_count(device) else 16
-    block_k = min(128, group) if group else 128
-    return QuantGemvConfig(block_n, max(16, block_k), 4, 3, True)
+    if not group:
+        return QuantGemvConfig(block_n, 256, 4, 2, True)
+    # a tile within one scale group; unpipelined: gfx950's pipeliner failed to lower the RMS
+    # prologue's [1, 128] norm-weight load as a direct-to-LDS copy at 2 stages (at 256 it did)
+    return QuantGemvConfig(block_n, max(16, min(128, group)), 4, 1, True)
 
 
 @triton.jit
@@ -215,13 +222,15 @@ def _dot_step(w, s, z, x_ptr, stride_xm, M, k0, K, norm_w_ptr, rstd, acc, WFMT: 
     zero), x RMS-normalised as it loads (NORM_INPUT)."""
     rm = tl.arange(0, BLOCK_M)
     rk = k0 + tl.arange(0, BLOCK_K)
-    x_mask = (rm < M)[None, :]
+    x_mask = (rm < M)[:, None]
     if not EVEN_K:
-        x_mask = x_mask & (rk < K)[:, None]
-    xt = tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=x_mask, other=0.0)
+        x_mask = x_mask & (rk < K)[None, :]
+    # loaded [BLOCK_M, BLOCK_K] and transposed, as the 16-bit kernel does: a [BLOCK_K, 1] load of
+    # the norm weight failed gfx950's direct-to-LDS pipelining
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=x_mask, other=0.0)
     if NORM_INPUT:
-        xt = _normed_x(xt, rk[:, None], norm_w_ptr, rstd, K, EVEN_K)
-    return _dot_tile(w, s, z, xt, acc, WFMT, HAS_GIDX, DOT_PRECISION)
+        x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, EVEN_K)
+    return _dot_tile(w, s, z, tl.trans(x), acc, WFMT, HAS_GIDX, DOT_PRECISION)
 
 
 @triton.jit(do_not_specialize=["M", "N"])
@@ -279,7 +288,7 @@ def _quant_gemv_kernel(
         channel_scale = tl.load(scale_ptr + w_row)
     pdl_wait(USE_PDL)
     if USE_DOT:
-        rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 64)[None, :] if NORM_INPUT else 1.0
+        rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 64)[:, None] if NORM_INPUT else 1.0
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc = _dot_step(w, s, z, x_ptr, stride_xm, M, 0, K, norm_w_ptr, rstd, acc, WFMT,
                         HAS_GIDX, EVEN_K, NORM_INPUT, BLOCK_M, BLOCK_K, DOT_PRECISION)
@@ -389,7 +398,7 @@ def _launch(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None, config: Quan
         out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
         return out.view(*x.shape[:-1], N), None
     cfg = config or choose_config(M, rows, K, w.wfmt, w.group if w.wfmt != FP8_CHANNEL else 0,
-                                  x.device)
+                                  x.device, w.g_idx is not None)
     block_m = DOT_BLOCK_M if cfg.use_dot else triton.next_power_of_2(M)
     if M > block_m or (not cfg.use_dot and M > FMA_MAX_ROWS * 2):
         raise ValueError(f"the quantized GEMV takes at most {block_m} rows with this config, got {M}")
