@@ -44,6 +44,8 @@ from hotpath.models.registry import config_from_hf, get_model_class  # noqa: E40
 from hotpath.ops import backend, triton_utils  # noqa: E402
 from hotpath.ops.attention import decode_splits, paged_attention, write_kv_cache  # noqa: E402
 from hotpath.ops.gated_delta import decode_step, triton_chunked  # noqa: E402
+from hotpath.ops.moe import add_into_residual  # noqa: E402
+from hotpath.ops.norm import gated_rms_norm  # noqa: E402
 from hotpath.ops.sampling import greedy_sample  # noqa: E402
 from hotpath.runner.decode_inputs import DecodeInputs  # noqa: E402
 from hotpath.runner.forward_batch import ForwardBatch  # noqa: E402
@@ -256,13 +258,22 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
     # (16 key heads, 32 value heads of 128; their layers are not in these runs' models), 64 rows
     hk, hv, d, width, rows, slots = 16, 32, 128, 4, 64, 256
     conv_dim = 2 * hk * d + hv * d
-    decode_step(torch.empty(rows, conv_dim, dtype=torch.bfloat16, device=META),
+    # (the conv's input a strided view of the projection, as Qwen3.5's layer passes it)
+    proj = torch.empty(rows, conv_dim + hv * d + 2 * hv, dtype=torch.bfloat16, device=META)
+    decode_step(proj[:, :conv_dim],
                 torch.empty(conv_dim, width, dtype=torch.bfloat16, device=META),
                 torch.empty(slots, conv_dim, width - 1, dtype=torch.bfloat16, device=META),
                 *[torch.empty(rows, hv, dtype=torch.bfloat16, device=META)] * 2,
                 *[torch.empty(hv, dtype=torch.bfloat16, device=META)] * 2,
                 torch.empty(slots, hv, d, d, dtype=torch.float32, device=META),
                 torch.empty(rows, dtype=torch.int64, device=META), _ints([5] * rows, torch.int32), hk)
+    # the layer's gated output norm (its gate a view of the projection), and the end of the
+    # shared-expert MoE block in the fused chain (the routed-only form runs in the MoE run)
+    gated_rms_norm(torch.empty(rows, hv, d, dtype=torch.bfloat16, device=META),
+                   proj[:, conv_dim : conv_dim + hv * d].view(rows, hv, d),
+                   torch.empty(d, dtype=torch.bfloat16, device=META), 1e-6)
+    hidden = torch.empty(rows, 2048, dtype=torch.bfloat16, device=META)
+    add_into_residual(hidden, hidden, hidden, proj[:, -1:])
     # its prefill (triton_chunked, chunks of 64; called directly, as no layer calls it yet) at the
     # same shape: two sequences, 1512 tokens
     tokens, cu = 1512, _ints([0, 1000, 1512], torch.int32)

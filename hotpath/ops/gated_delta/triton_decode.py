@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait
+
 
 @triton.jit
 def _conv_step_kernel(
@@ -34,7 +36,9 @@ def _conv_step_kernel(
     K: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
     n = tl.program_id(0).to(tl.int64)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     rj = tl.arange(0, BLOCK_K)  # taps: K - 1 from the state, then the new input
@@ -45,9 +49,11 @@ def _conv_step_kernel(
     in_state = c_ok[:, None] & (rj < K - 1)[None, :]
     old = tl.load(state, mask=in_state, other=0.0)  # [BLOCK_C, BLOCK_K]
     old = tl.where(resume, old, tl.zeros_like(old))
+    w = tl.load(w_ptr + rc[:, None] * K + rj[None, :], mask=c_ok[:, None] & (rj < K)[None, :], other=0.0)
+    # the slot's state (earlier forwards wrote it) and the weights are read before the wait
+    pdl_wait(USE_PDL)
     x = tl.load(x_ptr + n * stride_xn + rc, mask=c_ok, other=0.0)
     window = tl.where((rj == K - 1)[None, :], x[:, None], old)
-    w = tl.load(w_ptr + rc[:, None] * K + rj[None, :], mask=c_ok[:, None] & (rj < K)[None, :], other=0.0)
     acc = tl.sum(window.to(tl.float32) * w.to(tl.float32), axis=1)
     # rounded to the weight's dtype before the activation, as torch's conv1d then SiLU
     acc = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
@@ -87,7 +93,9 @@ def _delta_step_kernel(
     stride_bn,
     DK: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     rv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -95,6 +103,15 @@ def _delta_step_kernel(
     v_ok = rv < DV
     hk = h // HEADS_PER_K
     key_dim = C - HV * DV  # 2 * Hk * Dk
+    # the slot's state (earlier forwards wrote it) and the gates' parameters before the wait
+    slot = tl.load(slots_ptr + n)
+    resume = tl.load(ctx_ptr + n) > 1
+    s_ptrs = state_ptr + ((slot * HV + h) * DK + rk[:, None]) * DV + rv[None, :]
+    s = tl.load(s_ptrs, mask=v_ok[None, :], other=0.0)  # [DK, BLOCK_V]
+    s = tl.where(resume, s, 0.0)
+    dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    decay = -tl.exp(tl.load(a_log_ptr + h).to(tl.float32))
+    pdl_wait(USE_PDL)
     row = y_ptr + n * C
     q = tl.load(row + hk * DK + rk).to(tl.float32)
     k = tl.load(row + key_dim // 2 + hk * DK + rk).to(tl.float32)
@@ -103,16 +120,11 @@ def _delta_step_kernel(
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     a = tl.load(a_ptr + n * stride_an + h).to(tl.float32)
     b = tl.load(b_ptr + n * stride_bn + h)
-    sp = a + tl.load(dt_bias_ptr + h).to(tl.float32)
+    sp = a + dt_bias
     softplus = tl.where(sp > 20.0, sp, tl.log(1.0 + tl.exp(sp)))  # torch's threshold
-    g = -tl.exp(tl.load(a_log_ptr + h).to(tl.float32)) * softplus
+    g = decay * softplus
     # sigmoid in b's dtype, as the reference takes it
     beta = (1.0 / (1.0 + tl.exp(-b.to(tl.float32)))).to(b.dtype).to(tl.float32)
-    slot = tl.load(slots_ptr + n)
-    resume = tl.load(ctx_ptr + n) > 1
-    s_ptrs = state_ptr + ((slot * HV + h) * DK + rk[:, None]) * DV + rv[None, :]
-    s = tl.load(s_ptrs, mask=v_ok[None, :], other=0.0)  # [DK, BLOCK_V]
-    s = tl.where(resume, s, 0.0)
     s = s * tl.exp(g)
     kv = tl.sum(s * k[:, None], axis=0)  # [BLOCK_V]
     s = s + k[:, None] * (beta * (v - kv))[None, :]
@@ -146,13 +158,14 @@ def decode_step(
     if N == 0:
         return out
     block_c = 128
+    use_pdl = pdl_enabled(mixed.device)
     _conv_step_kernel[(N, triton.cdiv(C, block_c))](
         mixed, conv_weight.contiguous(), conv_states, slots, context_lens, y, C, mixed.stride(0), K=K,
-        BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(K),
+        BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(K), USE_PDL=use_pdl, **pdl_launch(use_pdl),
     )
     block_v = min(64, triton.next_power_of_2(DV))
     _delta_step_kernel[(N, HV, triton.cdiv(DV, block_v))](
         y, a, b, A_log, dt_bias, states, slots, context_lens, out, C, HV, DV, HV // num_k_heads,
-        a.stride(0), b.stride(0), DK=DK, BLOCK_V=block_v,
+        a.stride(0), b.stride(0), DK=DK, BLOCK_V=block_v, USE_PDL=use_pdl, **pdl_launch(use_pdl),
     )
     return out

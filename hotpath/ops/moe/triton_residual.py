@@ -8,7 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.triton_utils import row_warps
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    row_warps,
+)
 
 
 @triton.jit
@@ -25,7 +31,10 @@ def _add_into_residual_kernel(
     stride_g,
     HAS_SHARED: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)  # the next layer's projection loads its weights meanwhile
+    pdl_wait(USE_PDL)
     m = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -57,11 +66,12 @@ def add_into_residual(
     sumsq = torch.empty((1, M), dtype=torch.float32, device=residual.device)
     if M:
         block = triton.next_power_of_2(H)
+        use_pdl = pdl_enabled(residual.device)
         shared = shared_out if has_shared else experts_out
         gate = shared_gate if has_shared else experts_out
         _add_into_residual_kernel[(M,)](
             residual, experts_out, shared, gate, sumsq, H, residual.stride(0), experts_out.stride(0),
-            shared.stride(0), gate.stride(0), HAS_SHARED=has_shared, BLOCK=block,
-            num_warps=row_warps(block),
+            shared.stride(0), gate.stride(0), HAS_SHARED=has_shared, BLOCK=block, USE_PDL=use_pdl,
+            num_warps=row_warps(block), **pdl_launch(use_pdl),
         )
     return sumsq

@@ -112,15 +112,18 @@ def _gated_rms_norm_kernel(
     ROWS: tl.constexpr,  # heads a program normalises
     BLOCK_D: tl.constexpr,
     WEIGHT_DTYPE: tl.constexpr,  # weight * normed rounds to the promoted dtype, as the reference
+    USE_PDL: tl.constexpr,
 ):
+    pdl_launch_dependents(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     rh = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     rd = tl.arange(0, BLOCK_D)
     mask = (rh < H)[:, None] & (rd < D)[None, :]
+    w = tl.load(weight_ptr + rd, mask=rd < D, other=0.0)  # no kernel writes it
+    pdl_wait(USE_PDL)
     x = tl.load(x_ptr + t * stride_xt + rh[:, None] * stride_xh + rd[None, :], mask=mask, other=0.0)
     z = tl.load(gate_ptr + t * stride_gt + rh[:, None] * stride_gh + rd[None, :], mask=mask,
                 other=0.0).to(tl.float32)
-    w = tl.load(weight_ptr + rd, mask=rd < D, other=0.0)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 1) / D + eps)  # [ROWS]
     normed = (xf * rstd[:, None]).to(x.dtype)
@@ -145,9 +148,10 @@ def gated_rms_norm(
         return out
     block_d = triton.next_power_of_2(D)
     rows = max(1, min(triton.next_power_of_2(H), 2048 // block_d))  # ~2K elements a program
+    use_pdl = pdl_enabled(x.device)
     _gated_rms_norm_kernel[(T, triton.cdiv(H, rows))](
         x, gate, weight, out, H, D, eps, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
         ROWS=rows, BLOCK_D=block_d, WEIGHT_DTYPE=tl_dtype(torch.promote_types(weight.dtype, x.dtype)),
-        num_warps=4,
+        USE_PDL=use_pdl, num_warps=4, **pdl_launch(use_pdl),
     )
     return out
