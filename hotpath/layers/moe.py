@@ -97,8 +97,12 @@ class SparseMoeBlock(nn.Module):
         return out
 
     def fuses(self, x: torch.Tensor) -> bool:
-        shared = self.shared_expert is None or self.shared_expert.fuses(x)
-        return x.shape[0] <= FEW_TOKENS and self.gate.fuses(x) and shared
+        # only with a shared expert: there the fused form saves its three element-wise ops; a
+        # routed-only block's has as many launches as the plain path's and measured 2.4% slower
+        # on Qwen3-30B-A3B at batch 1 (2.488 ms against 2.429)
+        if self.shared_expert is None or not self.shared_expert.fuses(x):
+            return False
+        return x.shape[0] <= FEW_TOKENS and self.gate.fuses(x)
 
     def forward_few_rows(
         self,

@@ -30,8 +30,9 @@ def greedy(path, prompts, ops_backend, together):
                                   "qwen3next-hybrid", "qwen3_5-dense"])
 def test_few_rows_decode_matches_reference(name, together, tiny_model_factory, interpreter,
                                            monkeypatch):
-    """Every family's decode steps take the fused chain: dense and sparse blocks, self-attention
-    and Gated DeltaNet mixers, through the GEMV, attention, MoE and Gated DeltaNet kernels."""
+    """Decode steps take the fused chain (dense blocks, sparse blocks with a shared expert,
+    self-attention and Gated DeltaNet mixers); a routed-only sparse block (Qwen3-MoE) keeps the
+    plain forward, through the MoE kernels."""
     from hotpath.models import decoder
 
     path, hf_model = tiny_model_factory(name)
@@ -46,7 +47,10 @@ def test_few_rows_decode_matches_reference(name, together, tiny_model_factory, i
     got = greedy(path, prompts, "triton", together)
     # three decode steps a sequence: of one row each, or of both sequences at once (short
     # prompts' prefills take the same forward)
-    assert rows.count(2) >= 3 if together else rows.count(1) >= 6
+    if name.startswith("qwen3moe"):
+        assert not rows
+    else:
+        assert rows.count(2) >= 3 if together else rows.count(1) >= 6
     for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want):
         assert got_ids == want_ids
         for step, tok in enumerate(got_ids):
