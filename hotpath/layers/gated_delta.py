@@ -16,8 +16,8 @@ Each sequence's conv and recurrent states live in its slot of the layer's state 
 `cache_spec`, bound by the runner; `ForwardBatch.state_slots` names a step's slots). A sequence
 whose step starts at position 0 starts from zero states; otherwise it continues from its slot, so
 chunked prefill and decoding resume where the last step left off. On the GPU, prefill runs the
-conv a sequence at a time (torch) and the delta rule as one varlen kernel chain for all sequences
-(hotpath/ops/gated_delta/triton_chunked.py); decode steps (one token per sequence) run the decode
+conv and the delta rule each as one varlen kernel chain for all sequences (ops/gated_delta's
+triton_conv.py and triton_chunked.py, sharing one chunk table); decode steps (one token per sequence) run the decode
 step's kernels: two launches for all sequences, and no host reads, so the runner's decode CUDA
 graphs hold them (the slots come from the graphs' static inputs; around a graph's replay the
 runner restores and saves state snapshots itself, with `restore` and `save`).
@@ -30,7 +30,13 @@ import torch.nn as nn
 
 from hotpath.layers.cache import StateCacheSpec
 from hotpath.layers.linear import Linear
-from hotpath.ops.gated_delta import decode_step, gated_delta_rule, reference
+from hotpath.ops.gated_delta import (
+    causal_conv1d_varlen,
+    decode_step,
+    gated_delta_rule,
+    prefill_chunks,
+    reference,
+)
 from hotpath.ops.norm import gated_rms_norm
 from hotpath.runner.forward_batch import ForwardBatch
 
@@ -180,22 +186,20 @@ class GatedDeltaNet(nn.Module):
             fresh_slots = torch.tensor(fresh, device=mixed.device)
             conv_states[fresh_slots] = 0
             states[fresh_slots] = 0
-        # the conv, a sequence at a time; its state at a cut is the last inputs before the cut
-        y = torch.empty_like(mixed)  # [T, conv_dim]
+        # a snapshot's conv state at a cut: the last inputs before it (read before the conv moves
+        # the slot's state on)
         conv_at_cut = {}
-        for i, slot in enumerate(slots):
-            first, end = cu[i], cu[i + 1]
-            if i in saves:
-                inputs = torch.cat([conv_states[slot], mixed[first : first + saves[i][0]].T.to(conv_states.dtype)], 1)
-                conv_at_cut[i] = inputs[:, inputs.shape[1] - (self.conv_width - 1):]
-            y[first:end], conv_states[slot] = reference.causal_conv1d(mixed[first:end], weight, None,
-                                                                      conv_states[slot])
+        for i, (cut, _) in saves.items():
+            inputs = torch.cat([conv_states[slots[i]], mixed[cu[i] : cu[i] + cut].T.to(conv_states.dtype)], 1)
+            conv_at_cut[i] = inputs[:, inputs.shape[1] - (self.conv_width - 1):]
+        chunks = prefill_chunks(batch.cu_query_lens, mixed.shape[0])
+        y = causal_conv1d_varlen(mixed, weight, conv_states, batch.cu_query_lens, batch.state_slots, chunks)
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(-1, self.num_k_heads, self.k_head_dim)
         k = k.reshape(-1, self.num_k_heads, self.k_head_dim)
         v = v.reshape(-1, self.num_v_heads, self.v_head_dim)
         if not saves:  # the step's own device tensors: nothing to copy per layer
-            return gated_delta_rule(q, k, v, g, beta, batch.cu_query_lens, states, batch.state_slots)
+            return gated_delta_rule(q, k, v, g, beta, batch.cu_query_lens, states, batch.state_slots, chunks)
         cuts = [saves[i][0] if i in saves else cu[i + 1] - cu[i] for i in range(len(slots))]
         out = torch.empty_like(v)
         rule = (q, k, v, g, beta, states, batch.state_slots, out)

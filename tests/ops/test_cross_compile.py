@@ -43,7 +43,7 @@ from hotpath.config import ModelConfig  # noqa: E402
 from hotpath.models.registry import config_from_hf, get_model_class  # noqa: E402
 from hotpath.ops import backend, triton_utils  # noqa: E402
 from hotpath.ops.attention import decode_splits, paged_attention, write_kv_cache  # noqa: E402
-from hotpath.ops.gated_delta import decode_step, triton_chunked  # noqa: E402
+from hotpath.ops.gated_delta import decode_step, triton_chunked, triton_conv  # noqa: E402
 from hotpath.ops.moe import add_into_residual  # noqa: E402
 from hotpath.ops.norm import gated_rms_norm  # noqa: E402
 from hotpath.ops.sampling import greedy_sample  # noqa: E402
@@ -274,9 +274,15 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
                    torch.empty(d, dtype=torch.bfloat16, device=META), 1e-6)
     hidden = torch.empty(rows, 2048, dtype=torch.bfloat16, device=META)
     add_into_residual(hidden, hidden, hidden, proj[:, -1:])
-    # its prefill (triton_chunked, chunks of 64; called directly, as no layer calls it yet) at the
-    # same shape: two sequences, 1512 tokens
+    # its prefill (the conv, then triton_chunked's rule, chunks of 64; called directly, as these
+    # runs' models have no such layer) at the same shape: two sequences, 1512 tokens
     tokens, cu = 1512, _ints([0, 1000, 1512], torch.int32)
+    chunks = (torch.empty(tokens // 64 + 2, dtype=torch.int32, device=META), _ints([0, 16, 24], torch.int32))
+    triton_conv.causal_conv1d_varlen(
+        torch.empty(tokens, conv_dim + 8, dtype=torch.bfloat16, device=META)[:, :conv_dim],
+        torch.empty(conv_dim, width, dtype=torch.bfloat16, device=META),
+        torch.empty(slots, conv_dim, width - 1, dtype=torch.bfloat16, device=META),
+        cu, torch.empty(2, dtype=torch.int64, device=META), chunks)
     triton_chunked.gated_delta_rule(
         *[torch.empty(tokens, hk, d, dtype=torch.bfloat16, device=META)] * 2,
         torch.empty(tokens, hv, d, dtype=torch.bfloat16, device=META),

@@ -192,3 +192,29 @@ def test_cuda_decode_step_real_shape(dtype, gpu_triton, poisoned):
         err = (out.float() - want).norm() / want.norm()
         assert err < tol, (step, err)
     assert ((got_states - want_states).norm() / want_states.norm()) < (1e-4 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("lens", [[5, 0, 130, 2, 64], [1], [200]])
+def test_interpreter_prefill_conv(lens, interpreter, poisoned):
+    """The prefill conv's two kernels against the reference a sequence at a time: sequences
+    empty, shorter than the conv's window, across chunks; each from a scattered slot's state (its
+    old inputs), the slots' new states; other slots untouched; the inputs a strided view."""
+    from hotpath.ops.gated_delta import causal_conv1d_varlen, triton_chunked
+
+    C, K, num_slots = 40, 4, 7
+    gen = torch.Generator().manual_seed(len(lens))
+    T = sum(lens)
+    x = torch.randn(T, C + 9, generator=gen)[:, 3 : 3 + C]
+    weight = torch.randn(C, K, generator=gen) * 0.5
+    conv_states = torch.randn(num_slots, C, K - 1, generator=gen)
+    slots = torch.tensor([6, 1, 3, 0, 4][: len(lens)])
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    want_states = conv_states.clone()
+    want = torch.empty(T, C)
+    for i, slot in enumerate(slots.tolist()):
+        want[cu[i]:cu[i + 1]], want_states[slot] = reference.causal_conv1d(x[cu[i]:cu[i + 1]], weight, None,
+                                                                            want_states[slot])
+    got_states = conv_states.clone()
+    got = causal_conv1d_varlen(x, weight, got_states, cu, slots, triton_chunked.chunk_table(cu, T))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_states, want_states, rtol=0, atol=0)

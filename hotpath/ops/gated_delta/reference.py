@@ -143,6 +143,8 @@ def causal_conv1d(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # silu(conv) [T, C] in x's dtype, the new state [C, K - 1]
     """y_t = silu(bias + sum_j weight[:, j] * x_{t - K + 1 + j}), over the state's inputs, then x."""
     width = weight.shape[1]
+    if x.shape[0] == 0:  # no inputs: nothing out, the state as it was
+        return x.new_empty(x.shape), conv_state.clone()
     full = torch.cat([conv_state.to(weight.dtype), x.to(weight.dtype).T], dim=1)  # [C, K - 1 + T]
     y = F.conv1d(full[None], weight[:, None, :], bias, groups=weight.shape[0])[0]  # [C, T]
     return F.silu(y).T.to(x.dtype), full[:, full.shape[1] - (width - 1):].to(conv_state.dtype)
