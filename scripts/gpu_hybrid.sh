@@ -7,7 +7,8 @@
 #            qwen3.5-9b batch 1 (with HF transformers on the same shape), 8 and 64, qwen3.5-35b-a3b
 #            batch 1, 8 and 64, qwen3.5-27b batch 1 (qwen3-next-80b-a3b's 160 GB of bf16 do not fit
 #            one H200)
-#   long     TTFT of 8K and 32K-token prompts on qwen3.5-35b-a3b
+#   long     TTFT of 8K, 32K and 128K-token prompts on qwen3.5-35b-a3b (and the TPOT after them), and
+#            where a 32K prefill's GPU time goes (benchmarks/profile_prefill.py)
 #   chat     a two-turn chat through hotpath serve on qwen3.5-35b-a3b (scripts/two_turn_chat.py;
 #            the server's wheels and the Qwen3 tokenizer from .whl/)
 # Usage: bash scripts/gpu_hybrid.sh [tests] [fla] [latency] [long] [chat]
@@ -38,10 +39,12 @@ if [[ $what == *" latency "* ]]; then
     --json "$OUT/latency_qwen3.5-27b.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
 fi
 if [[ $what == *" long "* ]]; then
-  for n in 8192 32768; do
-    timeout 200 $bench --preset qwen3.5-35b-a3b --batch-size 1 --input-len $n --output-len 8 \
+  for n in 8192 32768 131072; do
+    timeout 200 $bench --preset qwen3.5-35b-a3b --batch-size 1 --input-len $n --output-len 16 \
       --json "$OUT/latency_qwen3.5-35b-a3b_${n}.json" 2>&1 | grep -E "TTFT|TPOT|matmul"
   done
+  timeout 150 python3 benchmarks/profile_prefill.py --preset qwen3.5-35b-a3b --input-len 32768 --out "$OUT" \
+    2>&1 | tail -22
 fi
 if [[ $what == *" chat "* ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -2
