@@ -218,3 +218,33 @@ def test_interpreter_prefill_conv(lens, interpreter, poisoned):
     got = causal_conv1d_varlen(x, weight, got_states, cu, slots, triton_chunked.chunk_table(cu, T))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_states, want_states, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_prefill_conv_real_shape(dtype, gpu_triton, poisoned):
+    """The prefill conv at Qwen3.5-35B-A3B's linear-attention width (8,192 channels) on the GPU
+    against the reference in fp32 on the same inputs: sequences of 1 to 3,000 tokens (one empty)
+    in scattered slots, the inputs a strided view of a projection, as the layer passes them."""
+    from hotpath.ops.gated_delta import causal_conv1d_varlen
+
+    C, K, num_slots = 8192, 4, 40
+    lens = [3000, 1, 0, 700, 2, 65]
+    gen = torch.Generator("cuda").manual_seed(5)
+    T = sum(lens)
+    x = torch.randn(T, C + 4096, generator=gen, device="cuda").to(dtype)[:, :C]
+    weight = (torch.randn(C, K, generator=gen, device="cuda") * 0.5).to(dtype)
+    conv_states = torch.randn(num_slots, C, K - 1, generator=gen, device="cuda").to(dtype)
+    slots = torch.randperm(num_slots, generator=gen, device="cuda")[: len(lens)]
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    want_states = conv_states.float()
+    want = torch.empty(T, C, device="cuda")
+    for i, slot in enumerate(slots.tolist()):
+        want[cu[i]:cu[i + 1]], want_states[slot] = reference.causal_conv1d(
+            x[cu[i]:cu[i + 1]].float(), weight.float(), None, want_states[slot])
+    got_states = conv_states.clone()
+    got = causal_conv1d_varlen(x, weight, got_states, cu, slots)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (got.float() - want).norm() / want.norm() < tol
+    assert torch.equal(got_states.float(), want_states)  # the states are inputs, copied
