@@ -146,9 +146,11 @@ def new_token_slots(b, qlens, ctxs, block_size=4):
 
 
 def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, device,
-                     num_splits=None, layout="nhd", num_kv_heads=2, block_size=4, max_context_len=None):
+                     num_splits=None, layout="nhd", num_kv_heads=2, block_size=4, max_context_len=None,
+                     kv_dtype=None):
     """rope_and_paged_attention (one decode kernel) against qk_norm_rope_and_cache then attention,
-    both in the reference: the output, and every cache slot (the new tokens' keys and values)."""
+    both in the reference: the output, and every cache slot (the new tokens' keys and values).
+    With an fp8 `kv_dtype`, the cache is fp8 (scales K_SCALE, V_SCALE)."""
     from hotpath.ops.attention import triton_decode
     from hotpath.ops.rotary import reference as rotary_reference
 
@@ -157,6 +159,10 @@ def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, d
                     layout=layout, seed=len(qlens))
     if max_context_len is not None:  # a graph sized for a longer context
         b.max_context_len = max_context_len
+    scales = {}
+    if kv_dtype is not None:
+        fp8_batch(b, kv_dtype)
+        scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
     g = torch.Generator().manual_seed(7)
     num_tokens = b.q.shape[0]
     k_new = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g).to(device, dtype)
@@ -168,19 +174,29 @@ def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, d
         weights = tuple((1 + 0.2 * torch.randn(head_dim, generator=g)).to(device, dtype) for _ in range(2))
     want_k, want_v = b.k_cache.clone(), b.v_cache.clone()
     q = rotary_reference.qk_norm_rope_and_cache(b.q, k_new, v_new, positions, table, want_k, want_v,
-                                                slots, *weights, 1e-6)
-    want = reference.paged_attention(q.float(), want_k.float(), want_v.float(), b.cu_query_lens,
+                                                slots, *weights, 1e-6, **scales)
+    if kv_dtype is None:
+        want_k, want_v = want_k.float(), want_v.float()
+    want = reference.paged_attention(q.float(), want_k, want_v, b.cu_query_lens,
                                      b.context_lens, b.block_tables, 0.3, b.max_query_len,
-                                     b.max_context_len)
+                                     b.max_context_len, **scales)
     rope = (k_new, v_new, table, *weights, 1e-6)
     got = triton_decode.paged_attention(b.q, b.k_cache, b.v_cache, b.cu_query_lens, b.context_lens,
                                         b.block_tables, 0.3, b.max_query_len, b.max_context_len,
-                                        num_splits=num_splits, rope=rope)
+                                        num_splits=num_splits, rope=rope, **scales)
     assert rel_err(got, want) < TOL[dtype]
     for got_cache, want_cache in ((b.k_cache, want_k), (b.v_cache, want_v)):
         assert torch.equal(got_cache.isnan(), want_cache.isnan())  # the same slots written
         written = ~want_cache.isnan()
-        assert rel_err(got_cache[written], want_cache[written]) < TOL[dtype] / 4
+        if kv_dtype is None:
+            assert rel_err(got_cache[written], want_cache[written]) < TOL[dtype] / 4
+        else:
+            # the kernel's QK-norm and RoPE round like the reference's but need not be bit-equal
+            # to it: at most one fp8 step apart, and rarely
+            diff = (got_cache[written].view(torch.uint8).int()
+                    - want_cache[written].view(torch.uint8).int()).abs()
+            assert diff.max() <= 1 and diff.float().mean() < 0.02, (int(diff.max()),
+                                                                    float(diff.float().mean()))
 
 
 @pytest.mark.parametrize("num_splits", [None, 1, 3, 7])
@@ -233,6 +249,138 @@ def test_interpreter_write_kv_cache(interpreter):
         for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
             assert torch.equal(got.isnan(), want.isnan())
             assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+# ---- fp8 KV cache (e4m3: k_cache holds k / k_scale) ---------------------------------------------
+FP8 = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]  # NVIDIA / AMD gfx950, AMD gfx942
+K_SCALE, V_SCALE = 0.05, 0.02  # randn / 0.05 reaches past e4m3fnuz's 240: the clamp is exercised
+
+
+def fp8_cache(cache: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """`cache` quantized as the reference writes it, in the same memory order (NaN slots stay
+    NaN: fp8 caches are poisoned too)."""
+    out = torch.empty_strided(cache.shape, cache.stride(), dtype=dtype, device=cache.device)
+    out.copy_(reference.quantize_kv(cache, dtype, scale))
+    return out
+
+
+def fp8_batch(b, dtype: torch.dtype):
+    b.k_cache = fp8_cache(b.k_cache, dtype, K_SCALE)
+    b.v_cache = fp8_cache(b.v_cache, dtype, V_SCALE)
+    return b
+
+
+def check_fp8_kernel(batch, scale=0.3, tol=None, **kernel_kwargs):
+    """The op with an fp8 cache against the reference reading the same cache (the same
+    dequantized keys and values: only the arithmetic's rounding differs)."""
+    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    want = reference.paged_attention(*batch.fp32_args(scale)[:1], *batch.args(scale)[1:], **scales)
+    if kernel_kwargs:
+        kernel = kernel_kwargs.pop("kernel")
+        got = kernel.paged_attention(*batch.args(scale), **kernel_kwargs, **scales)
+    else:
+        got = attention.paged_attention(*batch.args(scale), **scales)
+    assert got.dtype == batch.q.dtype and got.shape == batch.q.shape
+    err = rel_err(got, want)
+    assert err < (tol or TOL[batch.q.dtype]), f"relative error {err:.2e}"
+
+
+def test_fp8_reference_is_attention_over_the_dequantized_cache():
+    """The reference with an fp8 cache equals attention over k_fp8 * k_scale, v_fp8 * v_scale in
+    fp32, and stays within fp8's rounding of attention over the unquantized cache."""
+    b = paged_batch([1, 5, 12], [9, 12, 40], num_heads=4, num_kv_heads=2, head_dim=16,
+                    block_size=4, dtype=torch.float32, device="cpu")
+    exact = reference.paged_attention(*b.args(0.3))
+    k_fp8, v_fp8 = fp8_cache(b.k_cache, FP8[0], K_SCALE), fp8_cache(b.v_cache, FP8[0], V_SCALE)
+    got = reference.paged_attention(b.q, k_fp8, v_fp8, *b.args(0.3)[3:], k_scale=K_SCALE,
+                                    v_scale=V_SCALE)
+    dequantized = reference.paged_attention(b.q, k_fp8.float() * K_SCALE, v_fp8.float() * V_SCALE,
+                                            *b.args(0.3)[3:])
+    assert torch.equal(got, dequantized)
+    assert 1e-4 < rel_err(got, exact) < 0.05  # e4m3: 3 mantissa bits
+
+
+def test_fp8_scales_are_checked():
+    b = paged_batch([1], [5], num_heads=2, num_kv_heads=2, head_dim=8, block_size=4,
+                    dtype=torch.float32, device="cpu")
+    fp8_batch(b, FP8[0])
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="scales must be positive"):
+            reference.paged_attention(*b.args(0.3), k_scale=bad)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("case", list(INTERP_CASES))
+def test_interpreter_fp8_dispatch(case, fp8, interpreter, poisoned):
+    """Decode (split and direct), verify and prefill kernels reading an fp8 cache."""
+    qlens, ctxs = INTERP_CASES[case]
+    b = paged_batch(qlens, ctxs, num_heads=4, num_kv_heads=2, head_dim=24, block_size=4,
+                    dtype=torch.float32, device="cpu", layout="hnd")
+    check_fp8_kernel(fp8_batch(b, fp8))
+
+
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_interpreter_fp8_decode_splits(num_splits, interpreter, poisoned):
+    """Split partials scaled by v_scale before they are merged: by the last split (a verify
+    step) and by the merge kernel (one token a sequence)."""
+    from hotpath.ops.attention import triton_decode
+
+    for qlens, ctxs in (([1, 2, 1], [3, 17, 70]), ([1, 1], [70, 17])):
+        b = paged_batch(qlens, ctxs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=8,
+                        dtype=torch.float32, device="cpu")
+        check_fp8_kernel(fp8_batch(b, FP8[0]), kernel=triton_decode, num_splits=num_splits,
+                         block_n=16)
+
+
+def test_interpreter_fp8_prefill_small_tiles(interpreter, poisoned):
+    from hotpath.ops.attention import triton_prefill
+
+    b = paged_batch([40, 3, 17], [70, 3, 29], num_heads=4, num_kv_heads=1, head_dim=16,
+                    block_size=4, dtype=torch.float32, device="cpu")
+    check_fp8_kernel(fp8_batch(b, FP8[0]), kernel=triton_prefill, config=(16, 16, 4, 2))
+
+
+def fp8_inputs(num_tokens: int, num_kv_heads: int, head_dim: int, scale: float, device="cpu",
+               dtype=torch.float32) -> torch.Tensor:
+    """Values that put e4m3's rounding to work at `scale`: random ones over its whole range and
+    past its maximum (clamped), subnormals, exact ties between two e4m3 values (to even), a tiny
+    negative (-0). Not -0.0 itself: the shared rounding (ops/quant's _round_to_e4m3) stores it
+    as +0 where torch keeps -0, the same value."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g) * torch.tensor(
+        [1e-3, 0.05, 1.0, 30.0])[torch.randint(0, 4, (num_tokens, num_kv_heads, 1), generator=g)]
+    ties = torch.tensor([1.0625, 1.1875, 17.0, 18.0, 0.0068359375, 232.0, 464.0, -1.0625,
+                         2.0 ** -10, 3 * 2.0 ** -11, -1e-5, 1e6, -1e6, 0.0])
+    flat = x.view(-1)
+    flat[: ties.numel()] = ties * scale
+    return x.to(device, dtype)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+def test_interpreter_fp8_write_kv_cache_is_bit_exact(fp8, interpreter):
+    """The KV-write kernel's fp8 bytes equal the reference's, in both memory orders; negative
+    slots are skipped."""
+    k = fp8_inputs(6, 2, 24, K_SCALE)
+    v = fp8_inputs(6, 2, 24, V_SCALE).flip(0)
+    slots = torch.tensor([7, 0, -1, 12, 3, 9])
+    keep = slots >= 0
+    for layout in ("nhd", "hnd"):
+        caches = [empty_cache(4, 4, 2, 24, fp8, "cpu", layout) for _ in range(4)]
+        attention.write_kv_cache(k, v, caches[0], caches[1], slots, K_SCALE, V_SCALE)
+        reference.write_kv_cache(k[keep], v[keep], caches[2], caches[3], slots[keep], K_SCALE,
+                                 V_SCALE)
+        for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+@pytest.mark.parametrize("qk_norm,head_dim,rotary_dim", [(True, 16, 16), (False, 24, 16)])
+def test_interpreter_fp8_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim, interpreter,
+                                           poisoned):
+    """The decode kernel quantizing this step's keys and values into an fp8 cache as it rotates
+    them, then reading them back with the rest."""
+    check_rope_fused([1, 4, 1, 3], [1, 9, 17, 30], 2, head_dim, rotary_dim, qk_norm,
+                     torch.float32, "cpu", num_splits, kv_dtype=FP8[0])
 
 
 # ---- on the GPU: the wide matrix -------------------------------------------------------------
@@ -332,3 +480,39 @@ def test_cuda_decode_in_cuda_graph(gpu_triton):
     torch.cuda.synchronize()
     assert rel_err(captured, attention.paged_attention(*args)) == 0.0
     assert not torch.equal(captured, eager)
+
+
+# ---- fp8 KV cache on the GPU --------------------------------------------------------------------
+@cuda
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("kind", ["decode", "verify", "prefill"])
+def test_cuda_fp8_ragged(kind, group, head_dim, gpu_triton, poisoned):
+    """bf16 queries over an e4m3fn cache: the decode and prefill kernels against the reference
+    reading the same cache."""
+    qlens, ctxs = _ragged(kind)
+    b = paged_batch(qlens, ctxs, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                    block_size=16, dtype=torch.bfloat16, device="cuda", layout="hnd")
+    check_fp8_kernel(fp8_batch(b, torch.float8_e4m3fn))
+
+
+@cuda
+@pytest.mark.parametrize("ctxs", [[1], [532], [32768], [532, 1, 4099, 17]])
+def test_cuda_fp8_rope_fused_decode(ctxs, gpu_triton, poisoned):
+    """Qwen3-8B heads, QK-norm, RoPE and the fp8 cache write fused into decode attention, in a
+    graph-sized call (40k)."""
+    check_rope_fused([1] * len(ctxs), ctxs, 4, 128, 128, True, torch.bfloat16, "cuda",
+                     num_kv_heads=8, block_size=16, max_context_len=40960,
+                     kv_dtype=torch.float8_e4m3fn)
+
+
+@cuda
+def test_cuda_fp8_write_kv_cache_is_bit_exact(gpu_triton):
+    k = fp8_inputs(333, 8, 128, K_SCALE, "cuda", torch.bfloat16)
+    v = fp8_inputs(333, 8, 128, V_SCALE, "cuda", torch.bfloat16).flip(0)
+    slots = torch.randperm(40 * 16, generator=torch.Generator().manual_seed(0))[:333].cuda()
+    caches = [empty_cache(40, 16, 8, 128, torch.float8_e4m3fn, "cuda", "hnd") for _ in range(4)]
+    attention.write_kv_cache(k, v, caches[0], caches[1], slots, K_SCALE, V_SCALE)
+    reference.write_kv_cache(k, v, caches[2], caches[3], slots, K_SCALE, V_SCALE)
+    for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

@@ -3,6 +3,9 @@
 `paged_attention` runs the readable reference on the CPU and a Triton kernel on the GPU (see
 hotpath/ops/backend.py): the flash-decoding kernel when every sequence brings few queries (decode,
 speculative verify), the FlashAttention-style prefill kernel otherwise.
+
+The cache is in the model's dtype or in fp8 (kv_cache_dtype="fp8"): then it holds k / k_scale and
+v / v_scale, per-layer scales every op here takes as `k_scale` / `v_scale` (see reference.py).
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ def write_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64
+    k_scale: float = 1.0,  # fp8 cache: k_cache holds k / k_scale (ignored for other caches)
+    v_scale: float = 1.0,
 ) -> None:
+    args = (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     if backend.use_triton(k):
         from hotpath.ops.attention import triton_cache
 
-        return triton_cache.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
-    return reference.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        return triton_cache.write_kv_cache(*args)
+    return reference.write_kv_cache(*args)
 
 
 def paged_attention(
@@ -41,18 +47,21 @@ def paged_attention(
     scale: float,
     max_query_len: int,
     max_context_len: int,
+    k_scale: float = 1.0,  # fp8 cache: k = k_cache * k_scale (ignored for other caches)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     args = (q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale,
             max_query_len, max_context_len)
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
     if backend.use_triton(q):
         if max_query_len <= DECODE_MAX_QUERY_LEN:
             from hotpath.ops.attention import triton_decode
 
-            return triton_decode.paged_attention(*args)
+            return triton_decode.paged_attention(*args, **scales)
         from hotpath.ops.attention import triton_prefill
 
-        return triton_prefill.paged_attention(*args)
-    return reference.paged_attention(*args)
+        return triton_prefill.paged_attention(*args, **scales)
+    return reference.paged_attention(*args, **scales)
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device) -> int:
@@ -84,6 +93,8 @@ def rope_and_paged_attention(
     scale: float,
     max_query_len: int,
     max_context_len: int,
+    k_scale: float = 1.0,  # fp8 cache: it holds k / k_scale and v / v_scale (ignored otherwise)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """qk_norm_rope_and_cache, then paged_attention. For decode-sized steps on the GPU the
     decode kernel does both in one launch; it derives each token's position and cache slot from
@@ -95,13 +106,14 @@ def rope_and_paged_attention(
         return triton_decode.paged_attention(
             q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
             max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps),
+            k_scale=k_scale, v_scale=v_scale,
         )
     from hotpath.ops.rotary import qk_norm_rope_and_cache
 
     q = qk_norm_rope_and_cache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                               q_norm_weight, k_norm_weight, eps)
+                               q_norm_weight, k_norm_weight, eps, k_scale, v_scale)
     return paged_attention(q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale,
-                           max_query_len, max_context_len)
+                           max_query_len, max_context_len, k_scale, v_scale)
 
 
 __all__ = ["decode_splits", "paged_attention", "rope_and_paged_attention", "write_kv_cache"]

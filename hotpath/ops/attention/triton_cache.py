@@ -1,4 +1,5 @@
-"""Writing new tokens' K/V into the paged cache (one program per token, both caches at once)."""
+"""Writing new tokens' K/V into the paged cache (one program per token, both caches at once); an
+fp8 cache gets k / k_scale and v / v_scale, rounded to nearest even (triton_common.to_cache)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.attention.triton_common import next_power_of_2
+from hotpath.ops.attention.triton_common import next_power_of_2, to_cache
+from hotpath.ops.attention.reference import kv_scales
 
 
 @triton.jit
 def store_kv_heads(
     cache_ptr,
     values,  # [HEADS_PAD, HEAD_DIM_PAD]
+    scale,  # fp8 cache: values are stored divided by it (unused otherwise)
     slot,  # int64 flat slot
     h,  # [HEADS_PAD] arange
     d,  # [HEAD_DIM_PAD] arange
@@ -23,11 +26,12 @@ def store_kv_heads(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
-    """Stores one token's K (or V) heads at its slot, whatever the cache's strides."""
+    """Stores one token's K (or V) heads at its slot, whatever the cache's strides (quantized for
+    an fp8 cache)."""
     row = (slot // BLOCK_SIZE) * stride_b + (slot % BLOCK_SIZE) * stride_t
     ptrs = cache_ptr + row + h[:, None] * stride_h + d[None, :]
     mask = (h[:, None] < num_kv_heads) & (d[None, :] < HEAD_DIM)
-    tl.store(ptrs, values.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptrs, to_cache(values, scale, cache_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -37,6 +41,8 @@ def _write_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_mapping_ptr,
+    k_scale,
+    v_scale,
     num_kv_heads,
     stride_kt,
     stride_kh,
@@ -62,10 +68,10 @@ def _write_kv_kernel(
     mask = (h[:, None] < num_kv_heads) & (d[None, :] < HEAD_DIM)
     k = tl.load(k_ptr + token * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
-    store_kv_heads(k_cache_ptr, k, slot, h, d, num_kv_heads, stride_kcb, stride_kct, stride_kch,
-                   BLOCK_SIZE, HEAD_DIM)
-    store_kv_heads(v_cache_ptr, v, slot, h, d, num_kv_heads, stride_vcb, stride_vct, stride_vch,
-                   BLOCK_SIZE, HEAD_DIM)
+    store_kv_heads(k_cache_ptr, k, k_scale, slot, h, d, num_kv_heads, stride_kcb, stride_kct,
+                   stride_kch, BLOCK_SIZE, HEAD_DIM)
+    store_kv_heads(v_cache_ptr, v, v_scale, slot, h, d, num_kv_heads, stride_vcb, stride_vct,
+                   stride_vch, BLOCK_SIZE, HEAD_DIM)
 
 
 def write_kv_cache(
@@ -74,14 +80,17 @@ def write_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] (any strides, head_dim contiguous)
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64 (a negative slot is skipped)
+    k_scale: float = 1.0,  # fp8 cache: k_cache holds k / k_scale (ignored for other caches)
+    v_scale: float = 1.0,
 ) -> None:
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
     assert k.stride(2) == 1 and v.stride(2) == 1
     assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     _write_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping, num_kv_heads,
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, num_kv_heads,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

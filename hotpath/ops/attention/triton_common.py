@@ -5,12 +5,20 @@ through the block table, and keep a FlashAttention-style running softmax per que
 m (running max of the scores, log2 units), l (running sum of exp2(score - m)) and acc (the
 running sum of probabilities times values). Scores are computed in log2 units (q.k * scale * log2 e)
 so the kernels use exp2.
+
+An fp8 cache (e4m3; e4m3fnuz on AMD's gfx942) holds k / k_scale and v / v_scale, rounded to nearest
+even (`to_cache`). Reading it, a tile is upcast to the query's dtype after its load (exact: every
+e4m3 value is a bf16 value) and the scales are applied outside the dots: k_scale folded into the
+score scale by the host, v_scale on the output (`kv_out_scale`). A 16- or 32-bit cache compiles to
+the same code as before: the fp8 branches are resolved at compile time from the cache's dtype.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from hotpath.ops.quant.triton_quant import _to_fp8
 
 LOG2E = 1.4426950408889634
 
@@ -22,6 +30,32 @@ def next_power_of_2(n: int) -> int:
 def dot_precision(dtype) -> str | None:
     """fp32: the full-precision dot; others: the target's default (gfx950 has no "tf32" to name)."""
     return "ieee" if str(dtype) == "torch.float32" else None
+
+
+@triton.jit
+def to_cache(
+    x,  # any float tensor
+    scale,  # fp32: the cache's scale (used for fp8 caches only)
+    dtype: tl.constexpr,  # the cache's element type
+):
+    """x as a cache of `dtype` stores it: a plain cast, or for fp8 x / scale (IEEE division),
+    clamped to the fp8 range and rounded to nearest even (explicitly: the interpreter's own
+    fp32 -> fp8 cast rounds wrongly), as reference.quantize_kv does."""
+    if dtype.is_fp8():
+        FP8_MAX: tl.constexpr = 240.0 if dtype == tl.float8e4b8 else 448.0
+        return _to_fp8(x.to(tl.float32), scale, FP8_MAX, dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def kv_out_scale(out, v_scale, v_cache_ptr):
+    """out (fp32, a normalised sum of probabilities times cached values) times v_scale when the
+    cache is fp8; unchanged otherwise."""
+    if v_cache_ptr.dtype.element_ty.is_fp8():
+        return out * v_scale
+    else:
+        return out
 
 
 @triton.jit
@@ -138,10 +172,11 @@ def attend_rows(
     PRECISION: tl.constexpr,
 ):
     """attend_tile for a tile whose cache rows are already known."""
-    k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+    # (an fp8 tile upcast to the query's dtype; a no-op for a cache of that dtype)
+    k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD).to(q.dtype)
     # values loaded with the keys, not after the scores: one memory round a tile where nothing
     # pipelines it (a decode split of one tile); this is the order measured in run E
-    v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD)
+    v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
     if MASKED:
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]

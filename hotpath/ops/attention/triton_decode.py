@@ -48,14 +48,17 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.attention.reference import kv_scales
 from hotpath.ops.attention.triton_common import (
     LOG2E,
     attend_rows,
     attend_tile,
     dot_precision,
+    kv_out_scale,
     kv_tile_blocks,
     next_power_of_2,
     prefetch_l2,
+    to_cache,
 )
 from hotpath.ops.triton_utils import (
     pdl_enabled,
@@ -186,7 +189,9 @@ def _decode_split_kernel(
     q_norm_w_ptr,  # [HEAD_DIM] (ROPE and HAS_NORM)
     k_norm_w_ptr,
     norm_eps,
-    scale_log2,
+    scale_log2,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
+    k_scale,  # fp8 cache: what ROPE's writes divide by (unused otherwise)
+    v_scale,  # fp8 cache: the values' scale, on the output and ROPE's writes
     num_heads,
     num_splits,
     stride_qt,
@@ -301,16 +306,17 @@ def _decode_split_kernel(
             xq, xq_p = _load_rows(q_rows, q_ok[:, None], d, HALF, HEAD_DIM)
         xk, xk_p = _load_rows(k_new_ptr + t_token * stride_knt + kv_head * stride_knh, mine, d,
                               HALF, HEAD_DIM)
-        v_step = tl.load(v_new_ptr + t_token * stride_vnt + kv_head * stride_vnh + d[None, :],
-                         mask=t_mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
+        v_step = to_cache(tl.load(v_new_ptr + t_token * stride_vnt + kv_head * stride_vnh + d[None, :],
+                                  mask=t_mask, other=0.0), v_scale, v_cache_ptr.dtype.element_ty)
         if not DIRECT:
             q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
         else:
             k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
-        k_step = _norm_rope(xk, xk_p, k_cos, k_sin, k_w, k_wp, d, norm_eps, HAS_NORM, HALF,
-                            HEAD_DIM).to(k_cache_ptr.dtype.element_ty)
+        # rounded to the model dtype first, as the reference's rotated key is
+        k_step = to_cache(_norm_rope(xk, xk_p, k_cos, k_sin, k_w, k_wp, d, norm_eps, HAS_NORM, HALF,
+                                     HEAD_DIM), k_scale, k_cache_ptr.dtype.element_ty)
         t_row = t_pos % BLOCK_SIZE
         tl.store(k_cache_ptr + t_block * stride_kb + t_row * stride_kt + kv_head * stride_kh + d[None, :],
                  k_step, mask=t_mask)
@@ -367,7 +373,7 @@ def _decode_split_kernel(
 
     if DIRECT:
         # one split holds the whole context, so every real row has seen at least its own key
-        out = acc / l_i[:, None]
+        out = kv_out_scale(acc / l_i[:, None], v_scale, v_cache_ptr)
         tl.store(
             out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
             out.to(out_ptr.dtype.element_ty),
@@ -381,8 +387,8 @@ def _decode_split_kernel(
         part = (token * num_heads + head) * num_splits + split
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
         tl.store(
-            part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc / l_safe[:, None],
-            mask=row_mask,
+            part_out_ptr + part[:, None] * HEAD_DIM + d[None, :],
+            kv_out_scale(acc / l_safe[:, None], v_scale, v_cache_ptr), mask=row_mask,
         )
         if not DEFER:
             # every thread's partials are stored before the (one-thread, acq_rel) atomic
@@ -524,6 +530,8 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
+    k_scale: float = 1.0,  # fp8 cache: k = k_cache * k_scale (ignored for other caches)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
@@ -531,13 +539,14 @@ def paged_attention(
     projections of this step's tokens and the kernel first does what qk_norm_rope_and_cache does
     (QK-norm when the weights are given, RoPE, k and v into the cache), positions and cache slots
     being the last query_len of each sequence's context, through its block table. One launch
-    fewer per layer."""
+    fewer per layer. An fp8 cache holds k / k_scale and v / v_scale (the rows ROPE writes too)."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
     assert num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     head_dim_pad = max(16, next_power_of_2(head_dim))
     block_m = max(16, next_power_of_2(max_query_len * group))
     if num_splits is None:
@@ -583,7 +592,7 @@ def paged_attention(
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
         out, part_out, part_lse, counters, *rope_args,
-        scale * LOG2E, num_heads, num_splits,
+        scale * LOG2E * k_scale, k_scale, v_scale, num_heads, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

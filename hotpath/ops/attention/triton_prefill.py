@@ -15,10 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.attention.reference import kv_scales
 from hotpath.ops.attention.triton_common import (
     LOG2E,
     attend_tile,
     dot_precision,
+    kv_out_scale,
     next_power_of_2,
 )
 
@@ -32,7 +34,8 @@ def _prefill_kernel(
     context_lens_ptr,
     block_tables_ptr,
     out_ptr,
-    scale_log2,
+    scale_log2,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
+    v_scale,  # fp8 cache: its values' scale (unused otherwise)
     stride_qt,
     stride_qh,
     stride_kb,
@@ -94,7 +97,7 @@ def _prefill_kernel(
             True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, PRECISION,
         )
 
-    out = acc / l_i[:, None]  # every real row sees at least key 0
+    out = kv_out_scale(acc / l_i[:, None], v_scale, v_cache_ptr)  # every real row sees key 0
     tl.store(
         out_ptr + token[:, None] * stride_ot + head * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -125,6 +128,8 @@ def paged_attention(
     max_query_len: int,
     max_context_len: int,
     *,
+    k_scale: float = 1.0,  # fp8 cache: k = k_cache * k_scale (ignored for other caches)
+    v_scale: float = 1.0,
     config: tuple[int, int, int, int] | None = None,  # tuning: (BLOCK_M, BLOCK_N, warps, stages)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention."""
@@ -133,6 +138,7 @@ def paged_attention(
     num_seqs = context_lens.shape[0]
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
     assert num_heads % num_kv_heads == 0
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     head_dim_pad = max(16, next_power_of_2(head_dim))
     block_m, block_n, num_warps, num_stages = config or default_config(head_dim_pad, q.dtype)
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -141,7 +147,7 @@ def paged_attention(
     grid = (num_heads, triton.cdiv(max_query_len, block_m), num_seqs)
     _prefill_kernel[grid](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, out,
-        scale * LOG2E,
+        scale * LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

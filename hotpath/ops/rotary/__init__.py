@@ -21,10 +21,12 @@ def qk_norm_rope_and_cache(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """See reference.qk_norm_rope_and_cache."""
     args = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-            q_norm_weight, k_norm_weight, eps)
+            q_norm_weight, k_norm_weight, eps, k_scale, v_scale)
     if backend.use_triton(q):
         from hotpath.ops.rotary import triton as kernels
 

@@ -38,13 +38,16 @@ def qk_norm_rope_and_cache(
     q_norm_weight: torch.Tensor | None = None,  # [head_dim]; Qwen3's per-head RMSNorm, or None
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    k_scale: float = 1.0,  # fp8 cache: k_cache holds k / k_scale (ignored for other caches)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # q after norm and rotation: [num_tokens, num_heads, head_dim]
     """Everything between the qkv projection and attention: optional per-head RMSNorm of q and k,
-    RoPE on both, and the rotated k with v written into the cache."""
+    RoPE on both, and the rotated k (rounded to its dtype) with v written into the cache (see
+    ops/attention/reference.py for fp8 caches)."""
     if q_norm_weight is not None:
         q = rms_norm(q, q_norm_weight, eps)
         k = rms_norm(k, k_norm_weight, eps)
     q = apply_rotary(q, positions, cos_sin_cache)
     k = apply_rotary(k, positions, cos_sin_cache)
-    write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return q

@@ -4,7 +4,8 @@ One program per token handles all of its heads: it loads the token's cos/sin row
 and rotates q into a new tensor and k straight into the cache, and copies v into the cache, so the
 projections' output is read once and nothing between them and attention costs another launch.
 Rounding follows the reference (norm rounded to the model dtype before and after its weight, RoPE in
-fp32).
+fp32). An fp8 cache gets the rotated key rounded to the model dtype, then k / k_scale rounded to
+nearest even (and v / v_scale), as the reference writes it (ops/attention's to_cache).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hotpath.ops.attention.reference import kv_scales
+from hotpath.ops.attention.triton_common import to_cache
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait, tl_dtype
 
 
@@ -22,6 +25,7 @@ def _norm_rope_heads(
     stride_src_h,
     dst,  # where its first head goes
     stride_dst_h,
+    dst_scale,  # an fp8 dst (the key cache) holds x / dst_scale
     num_heads,
     cos,  # [1, HALF_PAD] fp32
     sin,
@@ -60,10 +64,17 @@ def _norm_rope_heads(
             w3 = tl.load(weight_ptr + 2 * HALF + r, mask=r < REST, other=0.0).to(tl.float32)
             x3 = ((x3 * rstd).to(in_dtype).to(tl.float32) * w3).to(NORM_DTYPE).to(tl.float32)
     out_ty = dst.dtype.element_ty
-    tl.store(dst + h * stride_dst_h + j, (x1 * cos - x2 * sin).to(out_ty), mask=m)
-    tl.store(dst + h * stride_dst_h + HALF + j, (x2 * cos + x1 * sin).to(out_ty), mask=m)
+    if out_ty.is_fp8():
+        # the reference rounds the rotated rows to the norm's dtype, then quantizes them
+        y1 = to_cache((x1 * cos - x2 * sin).to(NORM_DTYPE), dst_scale, out_ty)
+        y2 = to_cache((x2 * cos + x1 * sin).to(NORM_DTYPE), dst_scale, out_ty)
+    else:
+        y1 = (x1 * cos - x2 * sin).to(out_ty)
+        y2 = (x2 * cos + x1 * sin).to(out_ty)
+    tl.store(dst + h * stride_dst_h + j, y1, mask=m)
+    tl.store(dst + h * stride_dst_h + HALF + j, y2, mask=m)
     if REST > 0:
-        tl.store(dst + h * stride_dst_h + 2 * HALF + r, x3.to(out_ty), mask=mr)
+        tl.store(dst + h * stride_dst_h + 2 * HALF + r, to_cache(x3, dst_scale, out_ty), mask=mr)
 
 
 @triton.jit
@@ -89,6 +100,8 @@ def _qk_norm_rope_cache_kernel(
     q_weight_ptr,
     k_weight_ptr,
     eps,
+    k_scale,  # fp8 caches: they hold k / k_scale and v / v_scale (unused otherwise)
+    v_scale,
     num_heads,
     num_kv_heads,
     stride_qt,
@@ -125,7 +138,7 @@ def _qk_norm_rope_cache_kernel(
     token = tl.program_id(0).to(tl.int64)
     cos, sin = _load_cos_sin(cos_sin_ptr, positions_ptr, token, stride_cs, HALF, HALF_PAD)
     _norm_rope_heads(
-        q_ptr + token * stride_qt, stride_qh, q_out_ptr + token * stride_ot, stride_oh, num_heads,
+        q_ptr + token * stride_qt, stride_qh, q_out_ptr + token * stride_ot, stride_oh, 1.0, num_heads,
         cos, sin, q_weight_ptr, eps, HAS_NORM, Q_NORM_DTYPE, HEADS_PAD, HALF, HALF_PAD, REST,
         REST_PAD,
     )
@@ -135,7 +148,7 @@ def _qk_norm_rope_cache_kernel(
         row = slot % BLOCK_SIZE
         _norm_rope_heads(
             k_ptr + token * stride_kt, stride_kh, k_cache_ptr + block * stride_kcb + row * stride_kct,
-            stride_kch, num_kv_heads, cos, sin, k_weight_ptr, eps, HAS_NORM, K_NORM_DTYPE,
+            stride_kch, k_scale, num_kv_heads, cos, sin, k_weight_ptr, eps, HAS_NORM, K_NORM_DTYPE,
             KV_HEADS_PAD, HALF, HALF_PAD, REST, REST_PAD,
         )
         h = tl.arange(0, KV_HEADS_PAD)[:, None]
@@ -143,7 +156,7 @@ def _qk_norm_rope_cache_kernel(
         mask = (h < num_kv_heads) & (d < HEAD_DIM)
         v = tl.load(v_ptr + token * stride_vt + h * stride_vh + d, mask=mask)
         dst = v_cache_ptr + block * stride_vcb + row * stride_vct + h * stride_vch + d
-        tl.store(dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst, to_cache(v, v_scale, v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def _rotary_dims(head_dim: int, cos_sin_cache: torch.Tensor) -> tuple[int, int, int, int]:
@@ -165,12 +178,15 @@ def qk_norm_rope_and_cache(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    k_scale: float = 1.0,  # fp8 cache: k_cache holds k / k_scale (ignored for other caches)
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
     assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and cos_sin_cache.stride(1) == 1
     half, half_pad, rest, rest_pad = _rotary_dims(head_dim, cos_sin_cache)
+    k_scale, v_scale = kv_scales(k_cache.dtype, k_scale, v_scale)
     has_norm = q_norm_weight is not None
     q_dtype = torch.promote_types(q.dtype, q_norm_weight.dtype) if has_norm else q.dtype
     k_dtype = torch.promote_types(k.dtype, k_norm_weight.dtype) if has_norm else k.dtype
@@ -181,7 +197,7 @@ def qk_norm_rope_and_cache(
     use_pdl = pdl_enabled(q.device)
     _qk_norm_rope_cache_kernel[(num_tokens,)](
         q, k, v, q_out, k_cache, v_cache, positions, cos_sin_cache, slot_mapping,
-        q_norm_weight if has_norm else q, k_norm_weight if has_norm else k, eps,
+        q_norm_weight if has_norm else q, k_norm_weight if has_norm else k, eps, k_scale, v_scale,
         num_heads, num_kv_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1),
