@@ -147,6 +147,11 @@ def _rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+# --kv-cache-dtype: "auto" keeps K and V in the model dtype; "fp8" stores them as e4m3 with
+# per-layer scales (layers/attention.py)
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
 @dataclass
 class EngineConfig:
     max_model_len: int
@@ -158,8 +163,12 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None
     cpu_kv_cache_gib: float = 4.0
     state_snapshot_stride: int = 1024  # tokens (hybrid models' prefix caching)
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         _check_positive("max_model_len", self.max_model_len)
         _check_positive("block_size", self.block_size)
         _check_positive("max_num_seqs", self.max_num_seqs)

@@ -24,6 +24,7 @@ class LLM:
         device: str = "auto",
         load_format: str = "auto",
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         max_model_len: int | None = None,
         block_size: int = 16,
         enable_prefix_caching: bool = True,
@@ -39,7 +40,8 @@ class LLM:
     ) -> None:
         self.engine = Engine(EngineArgs(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, load_format=load_format,
-            quantization=quantization, max_model_len=max_model_len, block_size=block_size,
+            quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
+            block_size=block_size,
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, seed=seed,
             skip_tokenizer_init=skip_tokenizer_init,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from hotpath.config import KV_CACHE_DTYPES
+
 
 @dataclass
 class EngineArgs:
@@ -17,6 +19,7 @@ class EngineArgs:
     device: str = "auto"
     load_format: str = "auto"
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
@@ -54,6 +57,12 @@ class EngineArgs:
                             "checkpoint's own method may be named; fp8 on a 16-bit checkpoint "
                             "quantizes it while loading (fp8 weights per output channel, "
                             "activations per token)")
+        g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                       help="the KV cache's dtype: auto = the model dtype; fp8 = e4m3 (e4m3fnuz "
+                            "on AMD MI300), half the bytes of bf16 per token, so twice the "
+                            "tokens fit, with a scale per layer for K and one for V from the "
+                            "checkpoint (k_scale / v_scale, or compressed-tensors' "
+                            "k_proj / v_proj output_scale), 1.0 where it has none")
         g.add_argument("--max-model-len", type=int, default=None,
                        help="context limit in tokens, prompt + output "
                             "(default: the model's max_position_embeddings)")

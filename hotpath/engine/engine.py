@@ -83,6 +83,7 @@ class Engine:
             gpu_memory_utilization=args.gpu_memory_utilization,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
             state_snapshot_stride=args.state_snapshot_stride,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         self.runner = ModelRunner(
             self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,

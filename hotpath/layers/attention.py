@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from functools import partial
+
 import torch
 import torch.nn as nn
 
 from hotpath.layers.cache import KVCacheSpec
-from hotpath.layers.linear import Linear
+from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.ops.attention import rope_and_paged_attention
@@ -14,7 +17,11 @@ from hotpath.runner.forward_batch import ForwardBatch
 
 
 class Attention(nn.Module):
-    """Attention for a flat batch of tokens from many sequences; declares its paged KV cache."""
+    """Attention for a flat batch of tokens from many sequences; declares its paged KV cache.
+
+    The cache is in the model dtype, or in fp8 (`--kv-cache-dtype fp8`, as the runner allocates
+    it): then it holds k / k_scale and v / v_scale in e4m3, with this layer's scales from the
+    checkpoint when it has them (vLLM's names), 1.0 otherwise."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__()
@@ -25,6 +32,38 @@ class Attention(nn.Module):
         # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]; bound by the
         # model runner once it knows how many blocks fit.
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the checkpoint's fp8 KV scales (k = k_fp8 * k_scale, in e4m3fn's terms)
+        self.k_scale = 1.0
+        self.v_scale = 1.0
+
+    def optional_checkpoint_tensors(self, prefix: str) -> WeightLoaders:
+        """The checkpoint tensors this layer takes when they are there: the fp8 KV cache's
+        scales, named on the attention block (`model.layers.N.self_attn.k_scale`, as vLLM and
+        ModelOpt / Quark checkpoints have them) or on its projections
+        (`...self_attn.k_proj.output_scale`, compressed-tensors' kv_cache_scheme)."""
+        block = prefix.rpartition(".")[0]  # the block holding this layer, e.g. ...self_attn
+        loaders: WeightLoaders = {}
+        for which in ("k", "v"):
+            loaders[f"{block}.{which}_scale"] = partial(self._load_scale, which)
+            loaders[f"{block}.{which}_proj.output_scale"] = partial(self._load_scale, which)
+        return loaders
+
+    def _load_scale(self, which: str, tensor: torch.Tensor) -> None:
+        if tensor.numel() != 1:
+            raise ValueError(f"has shape {tuple(tensor.shape)}: the KV cache takes one scale per "
+                             "layer for K and one for V")
+        value = float(tensor.float())
+        if not 0 < value < math.inf:
+            raise ValueError(f"is {value}: a KV cache scale must be positive and finite")
+        setattr(self, f"{which}_scale", value)
+
+    def cache_scales(self) -> tuple[float, float]:
+        """(k_scale, v_scale) that the bound cache is written and read with (ignored unless it is
+        fp8). An e4m3fnuz cache (AMD gfx942) takes them doubled: its bits mean half what they
+        mean in e4m3fn, so it then holds the same values an e4m3fn cache would."""
+        if self.caches()[0].dtype == torch.float8_e4m3fnuz:
+            return 2 * self.k_scale, 2 * self.v_scale
+        return self.k_scale, self.v_scale
 
     def cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec(self.num_kv_heads, self.head_dim)
@@ -57,6 +96,7 @@ class Attention(nn.Module):
             q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
             q_norm_weight, k_norm_weight, eps, batch.cu_query_lens, batch.context_lens,
             batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len,
+            *self.cache_scales(),
         )
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -195,9 +195,19 @@ class CausalLM(nn.Module):
                 loaders[name] = _copy_into(param)
         return loaders
 
+    def optional_weight_loaders(self) -> WeightLoaders:
+        """{checkpoint (HF) tensor name: loader} for tensors a checkpoint may leave out (the
+        attention layers' fp8 KV-cache scales): layers name them (optional_checkpoint_tensors)."""
+        loaders: WeightLoaders = {}
+        for prefix, module in self.named_modules():
+            if hasattr(module, "optional_checkpoint_tensors"):
+                loaders.update(module.optional_checkpoint_tensors(prefix))
+        return loaders
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (HF names) into the parameters, one at a time."""
         loaders = self.weight_loaders()
+        optional = self.optional_weight_loaders()
         loaded: set[str] = set()
         for name, tensor in weights:
             name = self.checkpoint_name(name)
@@ -205,7 +215,7 @@ class CausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # some tied checkpoints store the shared matrix twice
-            loader = loaders.get(name)
+            loader = loaders.get(name) or optional.get(name)
             if loader is None:
                 raise ValueError(f"checkpoint tensor {name!r} does not belong to this model")
             try:

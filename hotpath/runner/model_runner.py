@@ -25,6 +25,7 @@ from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
 from hotpath.loader.model_loader import load_model
 from hotpath.ops.attention import DECODE_MAX_QUERY_LEN, decode_splits
 from hotpath.ops.backend import use_triton
+from hotpath.ops.quant import fp8_dtype
 from hotpath.ops.sampling import greedy_sample
 from hotpath.runner.decode_inputs import DecodeInputs
 from hotpath.runner.forward_batch import ForwardBatch
@@ -133,6 +134,8 @@ class ModelRunner:
             model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed
         )
         self.block_size = engine_config.block_size
+        # K and V in the model dtype, or in fp8 (half bf16's bytes a token: twice the blocks fit)
+        self.kv_cache_dtype = fp8_dtype(device) if engine_config.kv_cache_dtype == "fp8" else dtype
         layers = self.model.cache_layers()
         self.kv_layers = [layer for layer in layers if isinstance(layer.cache_spec(), KVCacheSpec)]
         self.state_layers = [layer for layer in layers if isinstance(layer.cache_spec(), StateCacheSpec)]
@@ -163,7 +166,8 @@ class ModelRunner:
     # ---- caches ---------------------------------------------------------------------------
     def _cache_bytes_per_block(self) -> int:
         """Every attention layer's K/V bytes for block_size tokens, from the layers' declarations."""
-        return sum(layer.cache_spec().bytes_per_token(self.dtype) for layer in self.kv_layers) * self.block_size
+        return sum(layer.cache_spec().bytes_per_token(self.kv_cache_dtype)
+                   for layer in self.kv_layers) * self.block_size
 
     def _num_state_slots(self) -> int:
         ec = self.engine_config
@@ -215,7 +219,7 @@ class ModelRunner:
         self.scratch_block = self.num_blocks
         for layer in self.kv_layers:
             layer.bind_cache(layer.cache_spec().allocate(self.num_blocks + 1, self.block_size,
-                                                         self.dtype, self.device))
+                                                         self.kv_cache_dtype, self.device))
 
     # ---- one step -------------------------------------------------------------------------
     def _prepare(
