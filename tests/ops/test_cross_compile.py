@@ -73,6 +73,7 @@ class Run:
     name: str
     config: dict  # config.json
     memory_share: float  # of the GPU's memory for weights and KV cache (gpu_memory_utilization)
+    kv_cache_dtype: str = "auto"  # "fp8": the target's fp8 (e4m3fnuz on gfx942), twice the blocks
 
 
 # the default model's shapes (Qwen2.5-Coder-0.5B): q/k/v biases, no QK-norm, head_dim 64
@@ -90,6 +91,10 @@ RUNS = (
     # at the default share every layer's K and V caches are over 2 GB, so AMD reads them with
     # plain loads; a smaller share (or a larger model) takes them under 2 GB: buffer loads
     Run("qwen3-8b-mem0.3", PRESETS["qwen3-8b"], 0.3),
+    # an fp8 KV cache: the attention, RoPE and cache-write kernels' fp8 variants (quantizing
+    # writes, upcasting reads), with QK-norm and head_dim 128, and without at head_dim 64
+    Run("qwen3-8b-fp8kv", PRESETS["qwen3-8b"], 0.9, "fp8"),
+    Run("qwen2.5-0.5b-fp8kv", QWEN25_05B, 0.9, "fp8"),
 )
 # the decode graphs' batch sizes tried: one-row GEMVs, two-row FMA GEMVs, tensor-core GEMVs,
 # cuBLAS projections with the attention alone filling the GPU
@@ -183,17 +188,22 @@ def _model(cfg: ModelConfig, max_positions: int) -> torch.nn.Module:
         torch.set_default_dtype(default)
 
 
+def _fp8(target: Target) -> torch.dtype:
+    """The target's fp8 (ops.quant.fp8_dtype): e4m3fnuz on gfx942, e4m3fn elsewhere."""
+    return torch.float8_e4m3fnuz if target.name == "gfx942" else torch.float8_e4m3fn
+
+
 def _kv_cache(run: Run, model: torch.nn.Module, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's K and V caches as the runner sizes them (its _num_kv_blocks, roughly): the
     memory share less the weights of the full model, over every layer's K and V."""
     cfg, layers = model.config, run.config["num_hidden_layers"]
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
     weights = 2 * (sum(p.numel() for p in model.parameters()) + (layers - cfg.num_hidden_layers) * layer)
-    per_block = 2 * BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim  # bf16, one of K or V
+    dtype = _fp8(target) if run.kv_cache_dtype == "fp8" else torch.bfloat16
+    per_block = dtype.itemsize * BLOCK_SIZE * cfg.num_key_value_heads * cfg.head_dim  # one of K or V
     blocks = int((run.memory_share * target.memory_gb * 1e9 - weights) // (2 * layers * per_block))
     shape = (blocks + 1, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)  # + the scratch block
-    return (torch.empty(shape, dtype=torch.bfloat16, device=META),
-            torch.empty(shape, dtype=torch.bfloat16, device=META))
+    return (torch.empty(shape, dtype=dtype, device=META), torch.empty(shape, dtype=dtype, device=META))
 
 
 def _ints(values: list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -226,10 +236,13 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
     # to mapped host memory on CUDA only (runner/decode_inputs.DecodeInputs.mapped)
     inputs = DecodeInputs(max(DECODE_BATCHES), -(-max_len // BLOCK_SIZE), k_cache.shape[0] - 1,
                           BLOCK_SIZE, META)
-    for bs in DECODE_BATCHES:
+    # (an fp8 cache's runs: batch 1 with splits and batch 64 without, full-length graphs; the
+    # other batches and graphs are the same kernels at other tile sizes, left out for CI time)
+    fp8 = run.kv_cache_dtype != "auto"
+    for bs in (1, 64) if fp8 else DECODE_BATCHES:
         splits = decode_splits(bs, kv_heads, max_len, META)
-        for ctx in [max_len] + [c for c in SHORT_CONTEXT_GRAPHS
-                                if c < max_len and 2 * decode_splits(bs, kv_heads, c, META) <= splits]:
+        for ctx in [max_len] + [c for c in SHORT_CONTEXT_GRAPHS if not fp8 and c < max_len
+                                and 2 * decode_splits(bs, kv_heads, c, META) <= splits]:
             step[0] = f"{run.name}/decode-b{bs}-ctx{ctx}"
             input_ids, positions, batch = inputs.views(bs, ctx)
             logits = model.compute_logits(model(input_ids, positions, batch))
@@ -249,11 +262,14 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
     # engine's RoPE kernels do it), and decode attention on rotated queries
     step[0] = f"{run.name}/ops"
     kv = torch.empty(512, 2, kv_heads, cfg.head_dim, dtype=torch.bfloat16, device=META)
-    write_kv_cache(kv[:, 0], kv[:, 1], k_cache, v_cache, torch.empty(512, dtype=torch.int64, device=META))
+    write_kv_cache(kv[:, 0], kv[:, 1], k_cache, v_cache, torch.empty(512, dtype=torch.int64, device=META),
+                   0.5, 0.5)
     q = torch.empty(1, cfg.num_attention_heads, cfg.head_dim, dtype=torch.bfloat16, device=META)
     batch = _batch([1], [1000], max_len)
     paged_attention(q, k_cache, v_cache, batch.cu_query_lens, batch.context_lens, batch.block_tables,
-                    cfg.head_dim**-0.5, 1, max_len)
+                    cfg.head_dim**-0.5, 1, max_len, 0.5, 0.5)
+    if run.kv_cache_dtype != "auto":
+        return  # the rest has no KV cache: the other runs record it
     # the hybrid models' Gated DeltaNet decode step, at Qwen3-Next-80B's linear-attention shape
     # (16 key heads, 32 value heads of 128; their layers are not in these runs' models), 64 rows
     hk, hv, d, width, rows, slots = 16, 32, 128, 4, 64, 256
@@ -300,7 +316,7 @@ def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
 
     if run.name != "qwen3-8b":
         return
-    f8 = torch.float8_e4m3fnuz if target.name == "gfx942" else torch.float8_e4m3fn
+    f8 = _fp8(target)
 
     def e(*shape, dtype=torch.bfloat16):
         return torch.empty(*shape, dtype=dtype, device=META)
