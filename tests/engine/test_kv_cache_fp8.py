@@ -179,3 +179,45 @@ def test_cli_flag():
     assert EngineArgs.from_cli_args(parser.parse_args([])).kv_cache_dtype == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-cache-dtype", "fp16"])
+
+
+# ---- on the GPU (skipped without CUDA): the Triton kernels, CUDA graphs, real memory sizing ----
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_fp8_kv_cache_engine():
+    """Qwen3-0.6B's shapes (random weights, bf16) at under half the GPU: the fp8 cache gets
+    twice the blocks of the bf16 one; greedy tokens track the bf16-cache run, teacher-forced
+    (prefill kernels) and free-running (decode graphs with the fused fp8 cache write). Printed;
+    random weights keep the top logits close, so the bounds are loose."""
+    import gc
+
+    from hotpath.bench.presets import preset_dir
+
+    path = preset_dir("qwen3-0.6b")
+
+    def engine(kv: str) -> LLM:
+        return LLM(str(path), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                   max_model_len=4096, gpu_memory_utilization=0.45, kv_cache_dtype=kv)
+
+    prompts = [p * 8 for p in _prompts()]  # 32 to 320 tokens
+    bf16 = engine("auto")
+    blocks_bf16 = bf16.engine.runner.num_blocks
+    base = _greedy(bf16, prompts, 24)
+    prefixes = [p + o.token_ids[:i] for p, o in zip(prompts, base) for i in range(0, 24, 3)]
+    expected = [o.token_ids[i] for o in base for i in range(0, 24, 3)]
+    del bf16
+    gc.collect()
+    torch.cuda.empty_cache()
+    fp8 = engine("fp8")
+    assert fp8.engine.runner.kv_layers[0].caches()[0].dtype in (torch.float8_e4m3fn,
+                                                                torch.float8_e4m3fnuz)
+    ratio = fp8.engine.runner.num_blocks / blocks_bf16
+    free = [sum(1 for _ in iter_agreeing(a.token_ids, b.token_ids))
+            for a, b in zip(base, _greedy(fp8, prompts, 24))]
+    got = [o.token_ids[0] for o in _greedy(fp8, prefixes, 1)]
+    agree = sum(a == b for a, b in zip(got, expected)) / len(expected)
+    print(f"fp8 KV cache on {torch.cuda.get_device_name()}: {ratio:.3f}x the bf16 cache's blocks; "
+          f"teacher-forced agreement {agree:.3f} over {len(expected)} positions; free-running "
+          f"tokens before divergence {free} of 24 each")
+    assert 1.95 < ratio < 2.05
+    assert agree >= 0.5
+    assert sum(free) >= 0.25 * 24 * len(prompts)
