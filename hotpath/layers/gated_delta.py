@@ -106,10 +106,8 @@ class GatedDeltaNet(nn.Module):
         for pool, saved in zip(self.state, self.snapshots):
             pool[slots] = saved[snapshot_ids]
 
-    def save(self, slots: list[int] | torch.Tensor, snapshot_ids: list[int] | torch.Tensor) -> None:
+    def save(self, slots: torch.Tensor, snapshot_ids: torch.Tensor) -> None:
         """Each snapshot's states := its slot's (a block boundary)."""
-        device = self.state[0].device
-        slots, snapshot_ids = torch.as_tensor(slots, device=device), torch.as_tensor(snapshot_ids, device=device)
         for pool, saved in zip(self.state, self.snapshots):
             saved[snapshot_ids] = pool[slots]
 
@@ -161,12 +159,11 @@ class GatedDeltaNet(nn.Module):
         conv_states, states = self.state
         weight = self.conv1d.weight[:, 0, :]  # [conv_dim, conv_width]
         saves = {row: (cut, snap) for row, cut, snap in batch.state_saves or ()}
-        if batch.max_query_len == 1:  # decode: every sequence one token, all at once
+        if batch.max_query_len == 1:  # decode: every sequence one token, all at once (the
+            # runner saves snapshots after the step)
+            assert not saves
             out = decode_step(mixed, weight, conv_states, a, b, self.A_log, self.dt_bias, states,
                               batch.state_slots, batch.context_lens, self.num_k_heads)
-            if saves:  # after the token: the state at a block boundary (eager steps; a graph's: the runner)
-                rows = torch.tensor(list(saves), device=mixed.device)  # rows on the host, slots on the device
-                self.save(batch.state_slots[rows], [snap for _, snap in saves.values()])
         else:
             g, beta = reference.gates(a, b, self.A_log, self.dt_bias)
             out = self._prefill(mixed, weight, g, beta, batch, saves)

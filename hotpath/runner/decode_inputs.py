@@ -115,7 +115,7 @@ class DecodeInputs:
             logits_indices=self.logits_indices[:size],
             max_query_len=1,
             max_context_len=max_context_len,
-            state_slots=state_slots,  # no state_saves: a step that saves a snapshot runs eagerly
+            state_slots=state_slots,  # no state_saves: the runner saves a decode step's snapshots after it
         )
         return self.token_ids[:size], self.buffer[pos : pos + 2 * size].view(torch.int64), batch
 

@@ -285,10 +285,13 @@ class ModelRunner:
     def _state_saves(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[int, int, int]] | None:
         """Hybrid models: first the snapshots the step's sequences start from (a prefix hit) are
         copied into their slots; returns where the step saves snapshots, (row, tokens into the
-        row's chunk, snapshot id), for the layers to save as they go."""
+        row's chunk, snapshot id), for the layers to save as they go. A decode step's saves are
+        the runner's, after the forward (_save_decoded_snapshots), graph or not."""
         if not self.state_layers:
             return None
         self._restore_snapshots(scheduled)
+        if all(n == 1 for _, n in scheduled):
+            return None
         saves = [(row, *seq.save_at) for row, (seq, _) in enumerate(scheduled) if seq.save_at is not None]
         for seq, _ in scheduled:
             seq.save_at = None
@@ -306,8 +309,9 @@ class ModelRunner:
                 seq.restore_snapshot = None
 
     def _save_decoded_snapshots(self, scheduled: list[tuple[Sequence, int]]) -> None:
-        """A decode graph step's snapshot saves, queued behind its replay: each sequence's state
-        after its one token (the only place a decode step saves)."""
+        """A decode step's snapshot saves, queued behind its forward (a graph's replay or an
+        eager one): each sequence's state after its one token (the only place a decode step
+        saves)."""
         saves = [(seq.state_slot, *seq.save_at) for seq, _ in scheduled if seq.save_at is not None]
         if not saves:
             return
@@ -375,6 +379,8 @@ class ModelRunner:
         else:
             input_ids, positions, batch, sampling = self._prepare(scheduled, prev)
             hidden = self.model(input_ids, positions, batch)
+            if self.state_layers and batch.max_query_len == 1:
+                self._save_decoded_snapshots(scheduled)
             if not sampling:
                 return LaunchedStep(scheduled, [], None, [], None)
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampled, vocab]
