@@ -13,6 +13,7 @@ from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.ops.attention import rope_and_paged_attention
+from hotpath.ops.attention.reference import FP8_KV_DTYPES
 from hotpath.runner.forward_batch import ForwardBatch
 
 
@@ -92,11 +93,15 @@ class Attention(nn.Module):
                      for a, b, part in ((0, n, few), (n, q.shape[0], rest))]
             return torch.cat(parts)
         k_cache, v_cache = self.caches()
+        # the scales only for an fp8 cache (others ignore them; benchmarks/decode_variants.py
+        # swaps in variants of the op that take the 16-bit call)
+        scales = {}
+        if k_cache.dtype in FP8_KV_DTYPES:
+            scales = dict(zip(("k_scale", "v_scale"), self.cache_scales()))
         return rope_and_paged_attention(
             q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
             q_norm_weight, k_norm_weight, eps, batch.cu_query_lens, batch.context_lens,
-            batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len,
-            *self.cache_scales(),
+            batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len, **scales,
         )
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
