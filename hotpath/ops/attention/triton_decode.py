@@ -39,7 +39,10 @@ With ROPE the kernel also does what ops/rotary's qk_norm_rope_and_cache does bef
 launch in decode: each program normalises and rotates its query rows as it loads them, and the
 program whose split holds a new position writes that token's rotated key and its value into the
 cache (a block barrier orders that before the tiles read it back; no other program reads those
-rows).
+rows). With an fp8 cache those rows are quantized as they are written (k / k_scale, v / v_scale,
+rounded to nearest even) and every tile is upcast to the query's dtype after its load
+(triton_common). Unmeasured on a GPU so far: at Qwen3-8B shapes on sm_90 the fp8 variant
+compiles to 187 registers at batch 1 (bf16: 145) and 144 at batch 64 (bf16: 95), no spills.
 """
 
 from __future__ import annotations
