@@ -160,7 +160,8 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
     options = QuantizeOptions(
         method=ns.method, group_size=ns.group_size, desc_act=ns.desc_act, sym=ns.sym,
         damp_percent=ns.damp_percent, calibration=ns.calibration, num_samples=ns.num_samples,
-        seq_len=ns.seq_len, clip=ns.clip, dtype=ns.dtype, device=ns.device, seed=ns.seed)
+        seq_len=ns.seq_len, clip=ns.clip, scale_search=ns.scale_search, dtype=ns.dtype,
+        device=ns.device, seed=ns.seed)
     print(quantize(ns.model, ns.out, options))
     return 0
 
@@ -289,6 +290,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=512, help="awq, gptq: tokens per calibration sequence")
     p.add_argument("--clip", action=argparse.BooleanOptionalAction, default=True,
                    help="awq: search each group's clipping range after the scales")
+    p.add_argument("--scale-search", action=argparse.BooleanOptionalAction, default=True,
+                   help="awq: search the activation-aware input-channel scales; --no-scale-search "
+                        "--no-clip writes plain round-to-nearest int4 in the AWQ layout (the "
+                        "baseline AWQ's searches are measured against)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                    help="dtype of the tensors left unquantized (default: bfloat16 for fp8, float16 "
                         "for awq and gptq, as the published checkpoints have them)")

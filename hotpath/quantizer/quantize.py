@@ -39,6 +39,7 @@ class QuantizeOptions:
     num_samples: int = 64
     seq_len: int = 512
     clip: bool = True  # awq's clipping search
+    scale_search: bool = True  # awq's activation-aware scales; without them and clip: round to nearest
     dtype: str | None = None  # of the unquantized tensors; default by method
     device: str = "cpu"
     seed: int = 0
@@ -103,7 +104,7 @@ def _quantize_int4(source: Path, out: Path, options: QuantizeOptions, dtype: tor
     for i, layer in enumerate(runner.layers):
         G = options.group_size if options.group_size != -1 else layer.self_attn.q_proj.in_features
         if options.method == "awq":
-            tensors = _awq_layer(runner, i, layer, G, options.clip)
+            tensors = _awq_layer(runner, i, layer, G, options.clip, options.scale_search)
         else:
             tensors = _gptq_layer(runner, i, layer, G, options)
         for name, t in tensors.items():
@@ -111,11 +112,12 @@ def _quantize_int4(source: Path, out: Path, options: QuantizeOptions, dtype: tor
             written.add(f"model.layers.{i}.{name}")
         runner.advance(runner.run(i))
         logger.info("quantized layer %d of %d", i + 1, len(runner.layers))
-    # everything else as the (AWQ: rescaled) HF model holds it, under the source's names
+    # everything else as the (AWQ: rescaled) HF model holds it, under the source's names; a
+    # quantized linear's bias too (Qwen2's q/k/v), which both formats keep beside qweight
     state = hf.state_dict()
     for name in _tensor_names(weights_dir(source, torch.float32)):
-        module = name.rpartition(".")[0]
-        if f"{module}.qweight" in written:
+        module, _, suffix = name.rpartition(".")
+        if suffix == "weight" and f"{module}.qweight" in written:
             continue
         writer.add(name, state[name].to(dtype))
     writer.close()
@@ -127,15 +129,15 @@ def _quantize_int4(source: Path, out: Path, options: QuantizeOptions, dtype: tor
     write_config(source, out, config, dtype)
 
 
-def _awq_layer(runner: LayerRunner, i: int, layer: nn.Module, G: int, clip: bool
-               ) -> dict[str, torch.Tensor]:
+def _awq_layer(runner: LayerRunner, i: int, layer: nn.Module, G: int, clip: bool,
+               scale_search: bool) -> dict[str, torch.Tensor]:
     from hotpath.quantizer.awq import LOSS_TOKENS, SCALED_PAIRS
 
     chunks = len(runner.inputs)
     stats = {names[0]: InputStats(-(-LOSS_TOKENS // chunks), seed=i) for _, names in SCALED_PAIRS}
     runner.run(i, {layer.get_submodule(n): st.add for n, st in stats.items()})
     out = {}
-    for name, (q, zeros, scales) in quantize_layer_awq(layer, stats, G, clip).items():
+    for name, (q, zeros, scales) in quantize_layer_awq(layer, stats, G, clip, scale_search).items():
         for suffix, t in formats.awq_tensors(q, zeros, scales).items():
             out[f"{name}.{suffix}"] = t
     return out

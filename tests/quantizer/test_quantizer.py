@@ -242,3 +242,34 @@ def test_bad_options_are_refused(source, tmp_path):
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="not empty"):
         quantize(str(source), tmp_path / "full", QuantizeOptions(method="fp8-block"))
+
+
+@pytest.mark.parametrize("method,options", [("awq", {"scale_search": False, "clip": False}),
+                                            ("gptq", {})])
+def test_int4_keeps_the_biases_and_rtn_is_round_to_nearest(tmp_path, method, options):
+    """Qwen2's q/k/v projections have biases: the int4 checkpoint keeps them beside qweight
+    (they were dropped once, and Qwen2.5 checkpoints did not load). AWQ without its searches
+    is plain round to nearest: every weight reloads as the source's, rounded."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = {k: v for k, v in CONFIG.items() if k != "head_dim"} | {"num_hidden_layers": 1}
+    hf = Qwen2ForCausalLM(Qwen2Config(**cfg)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("proj.bias"):
+                p.copy_(torch.randn_like(p))
+    hf.save_pretrained(tmp_path / "source")
+    out = quantize(str(tmp_path / "source"), tmp_path / "out",
+                   QuantizeOptions(method=method, group_size=G, calibration="random", num_samples=4,
+                                   seq_len=32, **options))
+    with safe_open(str(out / "model.safetensors"), framework="pt") as h:
+        for part in "qkv":
+            bias = h.get_tensor(f"model.layers.0.self_attn.{part}_proj.bias")
+            source = hf.get_parameter(f"model.layers.0.self_attn.{part}_proj.bias")
+            assert torch.equal(bias, source.detach().to(torch.float16)), part
+    got = _hotpath_weights(out)  # loads: no weight is missing
+    if method == "awq":
+        source = _hotpath_weights(tmp_path / "source")
+        for name, w in source.items():
+            assert torch.equal(got[name], fake_quantize(w, G)), name
