@@ -11,9 +11,10 @@ derived from a name elsewhere. The fields every family shares are parsed here
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: the CLI's --help reads this module
+    import torch
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ class ModelConfig:
     def default_dtype(self, device: torch.device) -> torch.dtype:
         """dtype="auto": the checkpoint's dtype on GPUs (fp32 checkpoints run in bf16 there, as
         vLLM does), fp32 on the CPU where bf16 matmuls are slow and fp32 matches the reference."""
+        import torch
+
         if device.type == "cpu":
             return torch.float32
         if self.torch_dtype in ("float16", "torch.float16"):
