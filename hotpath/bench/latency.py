@@ -99,7 +99,8 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
         "output_tokens_per_s": batch_size / tpot,
         "weight_bytes_per_step": roofline.decode_weight_bytes(model, cfg, batch_size),
         # the KV cache read, and a hybrid's linear-attention state read and written
-        "kv_bytes_per_step": int(batch_size * mean_ctx * roofline.kv_bytes_per_token(cfg, engine.dtype))
+        "kv_bytes_per_step": int(batch_size * mean_ctx
+                                 * roofline.kv_bytes_per_token(cfg, engine.runner.kv_cache_dtype))
         + 2 * batch_size * roofline.state_bytes_per_sequence(cfg, engine.dtype),
         "prefill_flops": roofline.prefill_flops(cfg, roofline.active_params(model, cfg), ns.input_len) * batch_size,
         "kv_cache_tokens": engine.runner.num_blocks * engine.config.block_size,

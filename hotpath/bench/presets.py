@@ -6,6 +6,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from hotpath.quantizer import formats
+
 _QWEN3 = dict(
     architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, head_dim=128,
     rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960, torch_dtype="bfloat16",
@@ -72,6 +74,22 @@ PRESETS: dict[str, dict] = {
         max_position_embeddings=32768, tie_word_embeddings=False, torch_dtype="bfloat16",
         hidden_act="silu", eos_token_id=151643, bos_token_id=151643),
 }
+
+
+# the published quantized checkpoints' layouts on those shapes, as `hotpath quantize` writes them:
+# NAME-fp8 (Qwen's 128x128 block FP8), NAME-fp8-ptpc (compressed-tensors FP8 per channel, tokens
+# dynamic), NAME-awq and NAME-gptq (int4, groups of 128; the published int4 models are float16)
+_QUANTIZED = {
+    "fp8": lambda: formats.fp8_block_config([]),
+    "fp8-ptpc": lambda: formats.fp8_channel_config(["lm_head"]),
+    "awq": lambda: formats.awq_config(128, []),
+    "gptq": lambda: formats.gptq_config(128, desc_act=False, sym=True, damp_percent=0.01),
+}
+for _base in ("qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen2.5-coder-32b"):
+    for _fmt, _config in _QUANTIZED.items():
+        PRESETS[f"{_base}-{_fmt}"] = dict(
+            PRESETS[_base], quantization_config=_config(),
+            **({"torch_dtype": "float16"} if _fmt in ("awq", "gptq") else {}))
 
 
 def preset_dir(name: str) -> Path:

@@ -154,7 +154,8 @@ def main(ns: argparse.Namespace) -> int:
         model_ = engine.runner.model
         bandwidth = roofline.measure_bandwidth(torch.device("cuda"))
         step_bytes = (roofline.decode_weight_bytes(model_, cfg, n)
-                      + n * (mean_in + mean_out / 2) * roofline.kv_bytes_per_token(cfg, engine.dtype))
+                      + n * (mean_in + mean_out / 2)
+                      * roofline.kv_bytes_per_token(cfg, engine.runner.kv_cache_dtype))
         res.update(prefill_tok_s=prefill_tok_s, decode=dec, sum_of_phases_s=phases_s,
                    workload_over_phases=w["elapsed_s"] / phases_s, bandwidth_Bps=bandwidth,
                    decode_roofline_step_s=step_bytes / bandwidth,

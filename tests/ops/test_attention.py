@@ -344,13 +344,12 @@ def fp8_inputs(num_tokens: int, num_kv_heads: int, head_dim: int, scale: float, 
                dtype=torch.float32) -> torch.Tensor:
     """Values that put e4m3's rounding to work at `scale`: random ones over its whole range and
     past its maximum (clamped), subnormals, exact ties between two e4m3 values (to even), a tiny
-    negative (-0). Not -0.0 itself: the shared rounding (ops/quant's _round_to_e4m3) stores it
-    as +0 where torch keeps -0, the same value."""
+    negative and -0.0 (both -0; e4m3fnuz has no -0: 0)."""
     g = torch.Generator().manual_seed(11)
     x = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g) * torch.tensor(
         [1e-3, 0.05, 1.0, 30.0])[torch.randint(0, 4, (num_tokens, num_kv_heads, 1), generator=g)]
     ties = torch.tensor([1.0625, 1.1875, 17.0, 18.0, 0.0068359375, 232.0, 464.0, -1.0625,
-                         2.0 ** -10, 3 * 2.0 ** -11, -1e-5, 1e6, -1e6, 0.0])
+                         2.0 ** -10, 3 * 2.0 ** -11, -1e-5, 1e6, -1e6, 0.0, -0.0])
     flat = x.view(-1)
     flat[: ties.numel()] = ties * scale
     return x.to(device, dtype)

@@ -237,7 +237,7 @@ def test_cuda_prefill_conv_real_shape(dtype, gpu_triton, poisoned):
     conv_states = torch.randn(num_slots, C, K - 1, generator=gen, device="cuda").to(dtype)
     slots = torch.randperm(num_slots, generator=gen, device="cuda")[: len(lens)]
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
-    want_states = conv_states.float()
+    want_states = conv_states.float().clone()  # (.float() of fp32 states is the same tensor)
     want = torch.empty(T, C, device="cuda")
     for i, slot in enumerate(slots.tolist()):
         want[cu[i]:cu[i + 1]], want_states[slot] = reference.causal_conv1d(

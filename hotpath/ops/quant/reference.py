@@ -118,7 +118,9 @@ def dequantize_int4(
 # ---- dynamic activation quantization ------------------------------------------------------------
 def _quantize(x: torch.Tensor, amax: torch.Tensor, out_dtype: torch.dtype):
     fmax = fp8_max(out_dtype)
-    scale = torch.clamp(amax / fmax, min=MIN_SCALE_FACTOR / fmax)
+    # divided by a tensor: torch's CUDA division by a Python number multiplies by its reciprocal,
+    # which can round differently from the kernels' (and the CPU's) IEEE division
+    scale = torch.clamp(amax / torch.full_like(amax, fmax), min=MIN_SCALE_FACTOR / fmax)
     return scale, fmax
 
 

@@ -42,12 +42,14 @@ def _round_to_e4m3(q, MIN_EXP: tl.constexpr):
     bits = q.to(tl.int32, bitcast=True)
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     step: tl.constexpr = 1.5 * 2.0 ** (20 + MIN_EXP)
-    subnormal = (tl.abs(q) + step) - step
-    # the sign kept (a negative value rounding to zero is -0, as torch rounds it); e4m3fnuz has
-    # no -0 (its bits are NaN), and adding +0 makes -0 +0
-    subnormal = tl.where(q < 0, -subnormal, subnormal)
+    magnitude = ((tl.abs(q) + step) - step).to(tl.int32, bitcast=True)
+    # the sign bit copied as bits (a negative value rounding to zero is -0, as torch rounds it;
+    # the GPU compiler turned a select of the negation into +0); e4m3fnuz has no -0 (its bits
+    # are NaN), so there a zero keeps no sign
+    sign = (bits >> 31) << 31
     if MIN_EXP == -7:
-        subnormal = subnormal + 0.0
+        sign = tl.where(magnitude == 0, 0, sign)
+    subnormal = (magnitude | sign).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(q) < 2.0**MIN_EXP, subnormal, normal)
 
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 21's GPU checks and figures (quantization), for a few device calls:
+#   tests    the quantized kernels, the fp8 KV cache paths and the prefill conv on the GPU
+#   gemv     benchmarks/bench_quant_gemv.py: each format's kernels at Qwen3-8B's projection shapes
+#   dense    hotpath bench latency at every engine default, random weights: Qwen3-8B bf16, fp8 block
+#            and fp8 PTPC at batch 1 and 32, and their 8K-token prefill
+#   awq      Qwen2.5-Coder-32B AWQ int4 at batch 1 and 32 (and its float16 original at batch 1)
+#   moe      Qwen3-30B-A3B bf16, fp8 block, fp8 PTPC at batch 1 and 32
+#   kv       Qwen3-8B at batch 32 with 8K contexts, bf16 KV against fp8 KV
+# Usage: bash scripts/gpu_quant.sh [tests] [gemv] [dense] [awq] [moe] [kv]
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/hotpath-gpu}
+mkdir -p "$OUT"
+what=" $* "
+bench="python3 -m hotpath.cli bench latency"
+quiet() { grep -vE "^\[bench\]|Loading|it/s"; }
+if [[ $what == *" tests "* ]]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -n 4 -rf --tb=short tests/ops/test_quant.py \
+    tests/ops/test_attention.py tests/ops/test_rotary.py tests/engine/test_kv_cache_fp8.py \
+    tests/ops/test_gated_delta.py ${QUANT_TESTS:-} -k "${QUANT_K:-cuda}" 2>&1 \
+    | tee "$OUT/pytest_quant.log" | tail -40
+fi
+if [[ $what == *" gemv "* ]]; then
+  timeout 200 python3 benchmarks/bench_quant_gemv.py --out "$OUT" 2>&1 | tee "$OUT/bench_quant_gemv.log" | tail -40
+fi
+if [[ $what == *" dense "* ]]; then
+  for p in qwen3-8b qwen3-8b-fp8 qwen3-8b-fp8-ptpc; do
+    timeout 150 $bench --preset $p --batch-size 1 32 --input-len 512 --output-len 64 \
+      --json "$OUT/latency_$p.json" 2>&1 | quiet
+    timeout 100 $bench --preset $p --batch-size 1 --input-len 8192 --output-len 8 \
+      --json "$OUT/latency_${p}_8192.json" 2>&1 | grep -E "model|TTFT"
+  done
+fi
+if [[ $what == *" awq "* ]]; then
+  timeout 200 $bench --preset qwen2.5-coder-32b-awq --batch-size 1 32 --input-len 512 --output-len 64 \
+    --json "$OUT/latency_qwen2.5-coder-32b-awq.json" 2>&1 | quiet
+fi
+if [[ $what == *" moe "* ]]; then
+  for p in qwen3-30b-a3b qwen3-30b-a3b-fp8 qwen3-30b-a3b-fp8-ptpc; do
+    timeout 150 $bench --preset $p --batch-size 1 32 --input-len 512 --output-len 64 \
+      --json "$OUT/latency_$p.json" 2>&1 | quiet
+  done
+fi
+if [[ $what == *" kv "* ]]; then
+  for kv in auto fp8; do
+    timeout 200 $bench --preset qwen3-8b --kv-cache-dtype $kv --batch-size 32 --input-len 8192 \
+      --output-len 32 --json "$OUT/latency_qwen3-8b_kv-$kv.json" 2>&1 | quiet
+  done
+fi
