@@ -25,7 +25,7 @@ if [[ $what == *" gemv "* ]]; then
   timeout 200 python3 benchmarks/bench_quant_gemv.py --out "$OUT" 2>&1 | tee "$OUT/bench_quant_gemv.log" | tail -40
 fi
 if [[ $what == *" dense "* ]]; then
-  for p in qwen3-8b qwen3-8b-fp8 qwen3-8b-fp8-ptpc; do
+  for p in ${DENSE_PRESETS:-qwen3-8b qwen3-8b-fp8 qwen3-8b-fp8-ptpc}; do
     timeout 150 $bench --preset $p --batch-size 1 32 --input-len 512 --output-len 64 \
       --json "$OUT/latency_$p.json" 2>&1 | quiet
     timeout 100 $bench --preset $p --batch-size 1 --input-len 8192 --output-len 8 \

@@ -285,21 +285,22 @@ def test_reference_dequantize():
 
 
 def test_reference_paths():
-    """Up to GEMV_MAX_ROWS rows the reference keeps x as it is, beyond it quantizes x to fp8."""
+    """Up to FP8_GEMV_MAX_ROWS rows the reference keeps x as it is, beyond it quantizes x to fp8."""
     w, s = fp8_weight(8, 64, None)
-    x = activations(quant.GEMV_MAX_ROWS + 1, 64)
-    few = reference.fp8_linear(x[:16], w, s, None)
-    assert torch.allclose(few, x[:16] @ reference.dequantize_fp8(w, s, None).T, rtol=1e-5, atol=1e-5)
+    few_rows = quant.FP8_GEMV_MAX_ROWS
+    x = activations(few_rows + 1, 64)
+    few = reference.fp8_linear(x[:few_rows], w, s, None)
+    assert torch.allclose(few, x[:few_rows] @ reference.dequantize_fp8(w, s, None).T, rtol=1e-5, atol=1e-5)
     many = reference.fp8_linear(x, w, s, None)
     xq, xs = reference.quantize_fp8_per_token(x)
     assert torch.allclose(many, (xq.float() * xs[:, None]) @ reference.dequantize_fp8(w, s, None).T,
                           rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(many[:16], few, rtol=1e-4, atol=1e-4)  # x was quantized
+    assert not torch.allclose(many[:few_rows], few, rtol=1e-4, atol=1e-4)  # x was quantized
 
 
 def test_dispatch(monkeypatch):
-    """Reference on the CPU; with the triton backend, the GEMV up to GEMV_MAX_ROWS rows and the
-    GEMM beyond."""
+    """Reference on the CPU; with the triton backend, the fp8 GEMV up to FP8_GEMV_MAX_ROWS rows
+    and the GEMM beyond."""
     pytest.importorskip("triton")
     from hotpath.ops.quant import triton_gemm, triton_gemv
 
@@ -313,20 +314,22 @@ def test_dispatch(monkeypatch):
         quant.fp8_linear(activations(1, 32), w, s, None)
         assert not calls and not quant.gemv_fuses(activations(1, 32))
         backend.set_backend("triton")
-        quant.fp8_linear(activations(16, 32), w, s, None)
-        quant.fp8_linear(activations(17, 32), w, s, None)
+        quant.fp8_linear(activations(quant.FP8_GEMV_MAX_ROWS, 32), w, s, None)
+        quant.fp8_linear(activations(quant.FP8_GEMV_MAX_ROWS + 1, 32), w, s, None)
         assert calls == ["gemv", "gemm"]
     finally:
         backend.set_backend(previous)
 
 
 def test_interpreter_dispatch_end_to_end(interpreter, poisoned):
-    """The package functions on either side of GEMV_MAX_ROWS, against the reference."""
+    """The package functions on either side of (FP8_)GEMV_MAX_ROWS, against the reference."""
     w, s = fp8_weight(24, 128, None)
     q, sc, z, _ = int4_weight(24, 128, 32, False)
-    for M in (quant.GEMV_MAX_ROWS, quant.GEMV_MAX_ROWS + 1):
+    for M in (quant.FP8_GEMV_MAX_ROWS, quant.FP8_GEMV_MAX_ROWS + 1):
         x = activations(M, 128)
         assert rel_err(quant.fp8_linear(x, w, s, None), reference.fp8_linear(x, w, s, None)) < 1e-5
+    for M in (quant.GEMV_MAX_ROWS, quant.GEMV_MAX_ROWS + 1):
+        x = activations(M, 128)
         assert rel_err(quant.int4_linear(x, q, sc, z, 32), reference.int4_linear(x, q, sc, z, 32)) < 1e-5
 
 

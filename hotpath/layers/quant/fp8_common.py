@@ -16,7 +16,7 @@ from hotpath.ops.quant import (
     fp8_linear_silu_and_mul,
     gemv_fuses,
 )
-from hotpath.ops.quant.reference import BlockSize
+from hotpath.ops.quant.reference import FP8_GEMV_MAX_ROWS, BlockSize
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
@@ -36,7 +36,7 @@ class Fp8LinearMethod(LinearMethod):
         return getattr(layer, self.scale_name)
 
     def fuses(self, layer: Linear, x: torch.Tensor) -> bool:
-        return gemv_fuses(x)
+        return gemv_fuses(x, FP8_GEMV_MAX_ROWS)
 
     def apply(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None,
               out_dtype: torch.dtype | None) -> torch.Tensor:

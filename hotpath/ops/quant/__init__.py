@@ -2,8 +2,9 @@
 the dynamic fp8 quantization of activations: the torch reference on the CPU, Triton on the GPU
 (see hotpath/ops/backend.py and reference.py for the layouts).
 
-Rows up to GEMV_MAX_ROWS (decode) run a GEMV that reads the quantized weight and dequantizes it
-in registers, x staying in its own dtype; it has the fused forms of the few-rows decode chain
+Rows up to GEMV_MAX_ROWS (int4; FP8_GEMV_MAX_ROWS for fp8) run a GEMV that reads the quantized
+weight and dequantizes it in registers, x staying in its own dtype; it has the fused forms of the
+few-rows decode chain
 (`rms=` input, SiLU-and-mul, add-residual with the sums of squares; see hotpath.ops.linear), and
 `gemv_fuses(x)` says whether a call runs them as one kernel. More rows run a tensor-core GEMM:
 fp8 x fp8 with x quantized per token (per-channel weights, scales in the epilogue) or per token
@@ -19,7 +20,7 @@ from hotpath.ops.activation import silu_and_mul
 from hotpath.ops.linear import reference as linear_ref
 from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.quant import reference
-from hotpath.ops.quant.reference import GEMV_MAX_ROWS, BlockSize
+from hotpath.ops.quant.reference import FP8_GEMV_MAX_ROWS, GEMV_MAX_ROWS, BlockSize
 
 _GEMV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -34,11 +35,12 @@ def fp8_dtype(device: torch.device) -> torch.dtype:
     return torch.float8_e4m3fn
 
 
-def gemv_fuses(x: torch.Tensor) -> bool:
-    """True when a quantized linear of x runs the Triton GEMV, and so its fused forms (`rms=`,
-    silu_and_mul, add_residual) run as one kernel each."""
+def gemv_fuses(x: torch.Tensor, max_rows: int = GEMV_MAX_ROWS) -> bool:
+    """True when a quantized linear of x runs the Triton GEMV (up to `max_rows` rows: the int4
+    GEMV's GEMV_MAX_ROWS, fp8's FP8_GEMV_MAX_ROWS), and so its fused forms (`rms=`, silu_and_mul,
+    add_residual) run as one kernel each."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return 0 < rows <= GEMV_MAX_ROWS and x.dtype in _GEMV_DTYPES and backend.use_triton(x)
+    return 0 < rows <= max_rows and x.dtype in _GEMV_DTYPES and backend.use_triton(x)
 
 
 # ---- activation quantization --------------------------------------------------------------------
@@ -119,7 +121,7 @@ def fp8_linear(
     if backend.use_triton(x):
         from hotpath.ops.quant import triton_gemm, triton_gemv
 
-        if gemv_fuses(x):
+        if gemv_fuses(x, FP8_GEMV_MAX_ROWS):
             return triton_gemv.fp8_linear(x, weight, weight_scale, block_size, bias, rms=rms,
                                           out_dtype=out_dtype)
         if rms is None:
@@ -136,7 +138,7 @@ def fp8_linear_silu_and_mul(
     rms: RmsInput | None = None,
 ) -> torch.Tensor:  # [..., I]
     """silu(x @ gate^T) * (x @ up^T): one launch where the GEMV runs."""
-    if gemv_fuses(x):
+    if gemv_fuses(x, FP8_GEMV_MAX_ROWS):
         from hotpath.ops.quant import triton_gemv
 
         return triton_gemv.fp8_linear_silu_and_mul(x, weight, weight_scale, block_size, rms=rms)
@@ -151,7 +153,7 @@ def fp8_linear_add_residual(
     residual: torch.Tensor,  # [M, N], updated in place
 ) -> torch.Tensor:  # [T, M] fp32 partial sums of squares of the new residual rows
     """residual += x @ W^T; returns the new rows' sums of squares (hotpath.ops.linear's protocol)."""
-    if gemv_fuses(x):
+    if gemv_fuses(x, FP8_GEMV_MAX_ROWS):
         from hotpath.ops.quant import triton_gemv
 
         return triton_gemv.fp8_linear_add_residual(x, weight, weight_scale, block_size, residual)
@@ -220,6 +222,7 @@ def int4_linear_add_residual(
 
 
 __all__ = [
+    "FP8_GEMV_MAX_ROWS",
     "GEMV_MAX_ROWS",
     "fp8_dtype",
     "fp8_gemm",

@@ -54,6 +54,7 @@ class QuantGemvConfig:
     num_warps: int
     num_stages: int
     use_dot: bool
+    block_m: int = 0  # x's rows per dot tile (0: DOT_BLOCK_M, or M's power of 2 on the FMA path)
 
 
 def choose_config(M: int, N: int, K: int, wfmt: int, group: int, device: torch.device,
@@ -74,7 +75,10 @@ def choose_config(M: int, N: int, K: int, wfmt: int, group: int, device: torch.d
         if gidx:
             # the gathered scales and zeros of a wider tile spilled (sm90, 4096: 488 bytes)
             block_k = min(block_k, 512)
-        return QuantGemvConfig(block_n, block_k, 8 if block_k >= 2048 else 4, 1, False)
+        # fp8: 4 warps (H200, Qwen3-8B's gate_up at one row: 25.7 us, 3,950 GB/s, against 28.9
+        # at 8 warps; benchmarks/tune_quant_fp8.py)
+        num_warps = 8 if wfmt == INT4 and block_k >= 2048 else 4
+        return QuantGemvConfig(block_n, block_k, num_warps, 1, False)
     block_n = 32 if triton.cdiv(N, 32) >= 2 * sm_count(device) else 16
     if not group:
         return QuantGemvConfig(block_n, 256, 4, 2, True)
@@ -399,7 +403,7 @@ def _launch(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None, config: Quan
         return out.view(*x.shape[:-1], N), None
     cfg = config or choose_config(M, rows, K, w.wfmt, w.group if w.wfmt != FP8_CHANNEL else 0,
                                   x.device, w.g_idx is not None)
-    block_m = DOT_BLOCK_M if cfg.use_dot else triton.next_power_of_2(M)
+    block_m = cfg.block_m or (DOT_BLOCK_M if cfg.use_dot else triton.next_power_of_2(M))
     if M > block_m or (not cfg.use_dot and M > FMA_MAX_ROWS * 2):
         raise ValueError(f"the quantized GEMV takes at most {block_m} rows with this config, got {M}")
     if cfg.use_dot and w.wfmt != FP8_CHANNEL and w.g_idx is None and cfg.block_k > w.group:
