@@ -18,6 +18,7 @@ import torch
 
 from hotpath.ops import moe
 from hotpath.ops.moe import reference, tuning
+from hotpath.ops.quant import reference as quant_reference
 from ops_cases import TOL, cuda, rel_err
 
 
@@ -228,6 +229,133 @@ def test_interpreter_one_token_down(E, top_k, interpreter, poisoned):
     assert rel_err(out, want) < TOL[torch.float32]
     out = triton_decode.fused_moe(x, w13, w2, weights, ids)
     assert rel_err(out, want) < TOL[torch.float32]
+
+
+# ---- fp8 experts ---------------------------------------------------------------------------------
+
+FP8 = torch.float8_e4m3fn
+# per channel; blocks whose rows divide I = 48 (16) and do not (32: a partial last block row in
+# the gate and in the up half), whose columns split H = 64 and I = 48 (the last one partial)
+FP8_BLOCKS = [None, (16, 32), (32, 16)]
+
+
+def fp8_moe_inputs(T, E, H, I, top_k, block, dtype, device, seed=0, fp8=FP8):
+    """x in `dtype`, fp8 w13 / w2 (values over e4m3's range) with fp32 scales per channel or
+    per block in the kernels' layout, and routing from random logits."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(device, dtype)
+    w13 = (torch.randn(E, 2 * I, H, generator=g) * 100).clamp(-448, 448).to(FP8)
+    w2 = (torch.randn(E, H, I, generator=g) * 100).clamp(-448, 448).to(FP8)
+    if block is None:
+        s13, s2 = torch.rand(E, 2 * I, generator=g), torch.rand(E, H, generator=g)
+    else:
+        bn, bk = block
+        s13 = torch.rand(E, 2 * -(-I // bn), -(-H // bk), generator=g)
+        s2 = torch.rand(E, -(-H // bn), -(-I // bk), generator=g)
+    s13, s2 = (s13 + 0.5) / (100 * H**0.5), (s2 + 0.5) / (100 * I**0.5)
+    if fp8 == torch.float8_e4m3fnuz:
+        w13, s13 = quant_reference.fp8_e4m3fn_to_fnuz(w13, s13)
+        w2, s2 = quant_reference.fp8_e4m3fn_to_fnuz(w2, s2)
+    weights, ids = reference.route(torch.randn(T, E, generator=g), top_k, renormalize=True)
+    return (x, w13.to(device), w2.to(device), weights.to(device), ids.to(device),
+            dict(w13_scale=s13.to(device), w2_scale=s2.to(device), block_size=block))
+
+
+def fp8_reference(x, w13, w2, weights, ids, scales):
+    """The reference on fp32 x: what the kernels approximate."""
+    return reference.fused_moe(x.float(), w13, w2, weights, ids, **scales)
+
+
+@pytest.mark.parametrize("block", FP8_BLOCKS)
+def test_reference_fp8_is_the_dequantized_experts(block):
+    """fp8 experts run as their dequantized fp32 weights would; w13's gate and up halves each
+    dequantize with their own block rows, as the checkpoint's separate projections do."""
+    x, w13, w2, weights, ids, scales = fp8_moe_inputs(7, 5, 64, 48, 2, block, torch.float32, "cpu")
+    s13, s2 = scales["w13_scale"], scales["w2_scale"]
+    deq13 = torch.stack([reference.dequantize_experts(w13[e], s13[e], block, 2) for e in range(5)])
+    deq2 = torch.stack([reference.dequantize_experts(w2[e], s2[e], block, 1) for e in range(5)])
+    for e in range(5):
+        for half in range(2):
+            rows = slice(half * 48, (half + 1) * 48)
+            scale = s13[e, rows] if block is None else s13[e].chunk(2)[half]
+            assert torch.equal(deq13[e, rows], quant_reference.dequantize_fp8(w13[e, rows], scale, block))
+    got = reference.fused_moe(x, w13, w2, weights, ids, **scales)
+    assert torch.equal(got, reference.fused_moe(x, deq13, deq2, weights, ids))
+
+
+@pytest.mark.parametrize("tiles", ["default", "small"])
+@pytest.mark.parametrize("T", [1, 3, 16, 17, 40])
+@pytest.mark.parametrize("block", FP8_BLOCKS)
+def test_interpreter_fused_moe_fp8(block, T, tiles, interpreter, poisoned):
+    """Both paths on fp8 experts against the reference: the block scales per segment (decode at
+    one token, tiles wider than a block) or per dot tile (held to one block), the channel scales
+    after the sums."""
+    from hotpath.ops.moe import triton_decode, triton_grouped
+
+    x, w13, w2, weights, ids, scales = fp8_moe_inputs(T, 5, 64, 48, 3, block, torch.float32, "cpu", seed=T)
+    want = fp8_reference(x, w13, w2, weights, ids, scales)
+    (decode_gu, decode_down), (grouped_gu, grouped_down) = small_configs(T)
+    if tiles == "default":
+        decode_gu = decode_down = grouped_gu = grouped_down = None
+    paths = [triton_grouped.fused_moe(x, w13, w2, weights, ids, grouped_gu, grouped_down, **scales)]
+    if T <= triton_decode.MAX_TOKENS:
+        paths.append(triton_decode.fused_moe(x, w13, w2, weights, ids, decode_gu, decode_down, **scales))
+    for out in paths:
+        assert out.shape == x.shape and out.dtype == x.dtype
+        assert rel_err(out, want) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("block", FP8_BLOCKS)
+def test_interpreter_fp8_one_token_down_and_fnuz(block, interpreter, poisoned):
+    """One token's down kernel over tiles wider than a scale block (several segments a tile) and
+    narrower ones; e4m3fnuz experts (gfx942's, scales doubled) through both paths."""
+    from hotpath.ops.moe import triton_decode, triton_grouped
+    from hotpath.ops.moe.triton_common import expert_formats
+    from hotpath.ops.moe.tuning import DecodeConfig
+
+    x, w13, w2, weights, ids, scales = fp8_moe_inputs(1, 7, 64, 48, 3, block, torch.float32, "cpu", seed=4)
+    want = fp8_reference(x, w13, w2, weights, ids, scales)
+    fmt13, fmt2 = expert_formats(w13, *scales.values())
+    for block_k in (16, 64):
+        cfg = DecodeConfig(4, block_k, 4, 1)
+        h = triton_decode.gate_up(x, w13, ids.view(-1), 3, cfg, fmt13)
+        out = triton_decode.down(h, w2, ids.view(-1), weights.view(-1), 3, cfg, fmt2)
+        assert rel_err(out, want) < TOL[torch.float32]
+    for T in (1, 5, 17):
+        x, w13, w2, weights, ids, scales = fp8_moe_inputs(T, 5, 64, 48, 2, block, torch.float32, "cpu",
+                                                          seed=T, fp8=torch.float8_e4m3fnuz)
+        assert w13.dtype == torch.float8_e4m3fnuz
+        want = fp8_reference(x, w13, w2, weights, ids, scales)
+        for path in (triton_decode, triton_grouped) if T <= 16 else (triton_grouped,):
+            assert rel_err(path.fused_moe(x, w13, w2, weights, ids, **scales), want) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("T", [1, 16, 17])
+def test_interpreter_dispatch_fp8(T, interpreter, poisoned):
+    x, w13, w2, weights, ids, scales = fp8_moe_inputs(T, 5, 64, 48, 2, (16, 32), torch.float32, "cpu")
+    out = moe.fused_moe(x, w13, w2, weights, ids, **scales)
+    assert rel_err(out, fp8_reference(x, w13, w2, weights, ids, scales)) < TOL[torch.float32]
+
+
+def test_fp8_input_errors():
+    x, w13, w2, weights, ids, scales = fp8_moe_inputs(3, 5, 64, 48, 2, (16, 32), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="need w13_scale and w2_scale"):
+        reference.fused_moe(x, w13, w2, weights, ids)
+    with pytest.raises(ValueError, match=r"w13_scale in 16x32 blocks must be fp32 \[5, 6, 2\]"):
+        reference.fused_moe(x, w13, w2, weights, ids, scales["w13_scale"][:, :5], scales["w2_scale"], (16, 32))
+    with pytest.raises(ValueError, match=r"w2_scale per channel must be fp32 \[5, 64\]"):
+        reference.fused_moe(x, w13, w2, weights, ids, torch.ones(5, 96), scales["w2_scale"], None)
+    with pytest.raises(ValueError, match="share an fp8 dtype"):
+        reference.fused_moe(x, w13, w2.float(), weights, ids, **scales)
+    with pytest.raises(ValueError, match="scales are for fp8 experts"):
+        reference.fused_moe(x, w13.float(), w2.float(), weights, ids, **scales)
+    pytest.importorskip("triton")
+    from hotpath.ops.moe import triton_grouped
+
+    with pytest.raises(ValueError, match="power of 2"):
+        s13 = torch.ones(5, 2 * 2, 2)
+        s2 = torch.ones(5, 3, 2)
+        triton_grouped.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2, block_size=(24, 32))
 
 
 @pytest.mark.parametrize("T,top_k,E,block_m", [(1, 2, 5, 16), (3, 3, 5, 16), (40, 3, 5, 16),
@@ -523,6 +651,55 @@ def test_cuda_route_and_fused_moe_in_graph(T, gpu_triton):
         if T <= moe.FEW_TOKENS:
             assert torch.equal(out, want)
         else:  # the grouped path's atomics sum in a varying order
+            assert rel_err(out, want) < 1e-3
+
+
+@cuda
+@pytest.mark.parametrize("T", [1, 8, 16, 64, 300])
+@pytest.mark.parametrize("block", [(128, 128), None])
+def test_cuda_fused_moe_fp8(block, T, gpu_triton, poisoned):
+    """fp8 experts at Qwen3-30B-A3B's shapes (block scales as Qwen3-30B-A3B-FP8 ships them, and
+    per channel), bf16 x, through the dispatch (decode kernels for 1..16 tokens, the grouped GEMM
+    past): against the fp32 reference, and close to the bf16 one, which rounds where they do."""
+    E, H, I, top_k = REAL_SHAPES["qwen3-30b-a3b"]
+    x, w13, w2, weights, ids, scales = fp8_moe_inputs(T, E, H, I, top_k, block, torch.bfloat16, "cuda", seed=T)
+    out = moe.fused_moe(x, w13, w2, weights, ids, **scales)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, fp8_reference(x, w13, w2, weights, ids, scales)) < TOL[torch.bfloat16]
+    assert rel_err(out, reference.fused_moe(x, w13, w2, weights, ids, **scales)) < 2e-3
+
+
+@cuda
+@pytest.mark.parametrize("T", [1, 8, 64])
+def test_cuda_fp8_moe_in_graph(T, gpu_triton):
+    """route + fused_moe on fp8 block experts captured in a CUDA graph, replayed on new inputs:
+    each replay equals an eager call (no host sync, no data-dependent shape on the fp8 path)."""
+    E, H, I, top_k = REAL_SHAPES["qwen3-30b-a3b"]
+    x, w13, w2, _, _, scales = fp8_moe_inputs(T, E, H, I, top_k, (128, 128), torch.bfloat16, "cuda")
+    logits = torch.randn(T, E, device="cuda").to(torch.bfloat16)
+
+    def step():
+        weights, ids = moe.route(logits, top_k, renormalize=True)
+        return moe.fused_moe(x, w13, w2, weights, ids, **scales)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for seed in range(3):
+        g = torch.Generator("cuda").manual_seed(seed)
+        logits.copy_(torch.randn(T, E, generator=g, device="cuda"))
+        x.copy_(torch.randn(T, H, generator=g, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = step()
+        if T <= moe.FEW_TOKENS:
+            assert torch.equal(out, want)
+        else:
             assert rel_err(out, want) < 1e-3
 
 

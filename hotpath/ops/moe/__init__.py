@@ -7,7 +7,16 @@ triton_grouped.py for more. All of them run without a host sync, so a CUDA graph
     out = fused_moe(x, w13, w2, weights, ids)  # [T, H]
 
 w13 [E, 2 * I, H] stacks each expert's gate_proj rows then its up_proj rows; w2 [E, H, I] its
-down_proj.
+down_proj. They are in x's dtype, or fp8 with fp32 scales per channel or per 128x128 block
+(reference.check_moe_args has the layouts):
+
+    out = fused_moe(x, w13, w2, weights, ids, w13_scale, w2_scale, block_size)
+
+Every path reads fp8 experts as they are stored and dequantizes them in registers, x staying in
+its dtype (ops/quant's weight-only arithmetic): the decode kernels apply a block scale per
+128-column segment of their sums and a channel scale per row after them; the grouped GEMM
+converts each fp8 weight tile to x's dtype (exact), multiplies its dot by the tile's block
+scale, or the channel scale in the epilogue.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import torch
 
 from hotpath.ops import backend
 from hotpath.ops.moe import reference
+from hotpath.ops.quant.reference import BlockSize
 
 # Token counts up to this run the decode kernels (each distinct expert's weights read once, every
 # token's row in one 16-row dot tile); more run the grouped GEMM, whose taller tiles reuse each
@@ -45,18 +55,22 @@ def fused_moe(
     w2: torch.Tensor,  # [E, H, I]
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k] int32, distinct within a row
+    w13_scale: torch.Tensor | None = None,  # fp8 experts only
+    w2_scale: torch.Tensor | None = None,
+    block_size: BlockSize | None = None,  # fp8 block scales' (rows, columns); None: per channel
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """sum_j topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, j],
     rounded as HF's experts path rounds (see reference.py)."""
+    scales = dict(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size)
     if backend.use_triton(x):
         if x.shape[0] <= FEW_TOKENS:
             from hotpath.ops.moe import triton_decode
 
-            return triton_decode.fused_moe(x, w13, w2, topk_weights, topk_ids)
+            return triton_decode.fused_moe(x, w13, w2, topk_weights, topk_ids, **scales)
         from hotpath.ops.moe import triton_grouped
 
-        return triton_grouped.fused_moe(x, w13, w2, topk_weights, topk_ids)
-    return reference.fused_moe(x, w13, w2, topk_weights, topk_ids)
+        return triton_grouped.fused_moe(x, w13, w2, topk_weights, topk_ids, **scales)
+    return reference.fused_moe(x, w13, w2, topk_weights, topk_ids, **scales)
 
 
 def add_into_residual(

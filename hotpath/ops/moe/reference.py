@@ -17,6 +17,10 @@ from_pretrained and from_config pick; the kernels round the same way):
     dtype, the product rounded to it: one term per (token, expert);
   - a token's k terms summed in fp32 (torch.sum over k of a bf16 [T, k, H] accumulates in fp32)
     and rounded once to the model dtype.
+fp8 experts (w13 / w2 float8 with fp32 scales, as ops/quant lays out one fp8 weight; see
+dequantize_experts) are dequantized to fp32 and each projection computed in fp32 from x as it
+is, its output rounded to x's dtype where the 16-bit experts' output rounds: the arithmetic of
+ops/quant's few-rows path (fp8_linear), which the kernels share on every token count.
 HF's "eager" experts loop (used where no implementation is set, e.g. a Qwen3MoeExperts module
 built on its own) instead adds each expert's bf16 term into a bf16 sum with index_add_, in
 ascending expert order, rounding after every add; in fp32 the two agree to fp32 rounding.
@@ -26,6 +30,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from hotpath.ops.quant.reference import BlockSize, dequantize_fp8
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
 def route(
@@ -49,17 +57,41 @@ def fused_moe(
     w2: torch.Tensor,  # [E, H, I]: down_proj
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k] int, the k experts of each token (distinct within a row)
+    w13_scale: torch.Tensor | None = None,  # fp8 experts: see check_moe_args
+    w2_scale: torch.Tensor | None = None,
+    block_size: BlockSize | None = None,  # fp8 block scales' (rows, columns); None: per channel
 ) -> torch.Tensor:  # [T, H] in x's dtype
-    check_moe_args(x, w13, w2, topk_weights, topk_ids)
+    check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
     T, H = x.shape
     terms = x.new_zeros(T, topk_ids.shape[1], H)  # [T, k, H]: each routed expert's weighted output
     weights = topk_weights.to(x.dtype)  # as HF's router returns them
     for expert in topk_ids.unique().tolist():
         token, slot = torch.where(topk_ids == expert)  # the (token, slot) pairs routed to it
-        gate, up = F.linear(x[token], w13[expert]).chunk(2, dim=-1)
-        out = F.linear(F.silu(gate) * up, w2[expert])  # [n, H]
+        gate, up = _project(x[token], w13, w13_scale, block_size, expert, 2).chunk(2, dim=-1)
+        out = _project(F.silu(gate) * up, w2, w2_scale, block_size, expert, 1)  # [n, H]
         terms[token, slot] = out * weights[token, slot, None]
     return terms.sum(dim=1)
+
+
+def _project(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, block_size: BlockSize | None,
+             expert: int, parts: int) -> torch.Tensor:
+    """a @ w[expert]^T, rounded to a's dtype; an fp8 expert dequantized and multiplied in fp32."""
+    if scale is None:
+        return F.linear(a, w[expert])
+    return F.linear(a.float(), dequantize_experts(w[expert], scale[expert], block_size, parts)).to(a.dtype)
+
+
+def dequantize_experts(
+    weight: torch.Tensor,  # [N, K] fp8: one expert's projection(s), `parts` stacked along N
+    scale: torch.Tensor,  # [N] fp32 per channel, or [parts * ceil(N / parts / bn), ceil(K / bk)]
+    block_size: BlockSize | None,
+    parts: int,  # 2 for w13 (gate rows, then up rows), 1 for w2
+) -> torch.Tensor:  # [N, K] fp32
+    """Each stacked part keeps its own block rows (a part of I rows takes ceil(I / bn) of them,
+    the last one partial where bn does not divide I), as the checkpoint's separate projections
+    hold them."""
+    return torch.cat([dequantize_fp8(w, s, block_size)
+                      for w, s in zip(weight.chunk(parts), scale.chunk(parts))])
 
 
 def check_route_args(router_logits: torch.Tensor, top_k: int) -> None:
@@ -71,7 +103,12 @@ def check_route_args(router_logits: torch.Tensor, top_k: int) -> None:
 
 
 def check_moe_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                   topk_ids: torch.Tensor) -> None:
+                   topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                   w2_scale: torch.Tensor | None = None, block_size: BlockSize | None = None) -> None:
+    """16-bit experts share x's dtype. fp8 experts (both float8, e4m3fn or e4m3fnuz) come with
+    fp32 scales: per channel w13_scale [E, 2 * I] and w2_scale [E, H]; per (bn, bk) block
+    w13_scale [E, 2 * ceil(I / bn), ceil(H / bk)] (the gate's block rows, then the up's) and
+    w2_scale [E, ceil(H / bn), ceil(I / bk)]."""
     if x.dim() != 2:
         raise ValueError(f"x must be [T, H], got {tuple(x.shape)}")
     T, H = x.shape
@@ -86,8 +123,26 @@ def check_moe_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
         raise ValueError(f"topk_weights must be a float {tuple(topk_ids.shape)} tensor like topk_ids, got "
                          f"{topk_weights.dtype} {tuple(topk_weights.shape)}")
-    if not x.dtype == w13.dtype == w2.dtype:
-        raise ValueError(f"x, w13 and w2 must share a dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+    if w13.dtype not in FP8_DTYPES:
+        if not x.dtype == w13.dtype == w2.dtype:
+            raise ValueError(f"x, w13 and w2 must share a dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+        if w13_scale is not None or w2_scale is not None:
+            raise ValueError(f"scales are for fp8 experts, and these are {w13.dtype}")
+        return
+    if w2.dtype != w13.dtype:
+        raise ValueError(f"w13 and w2 must share an fp8 dtype, got {w13.dtype} and {w2.dtype}")
+    if w13_scale is None or w2_scale is None:
+        raise ValueError("fp8 experts need w13_scale and w2_scale")
+    if block_size is None:
+        expected = ((E, 2 * I), (E, H))
+    else:
+        bn, bk = block_size
+        expected = ((E, 2 * -(-I // bn), -(-H // bk)), (E, -(-H // bn), -(-I // bk)))
+    for name, scale, shape in (("w13_scale", w13_scale, expected[0]), ("w2_scale", w2_scale, expected[1])):
+        if tuple(scale.shape) != shape or scale.dtype != torch.float32:
+            kind = "per channel" if block_size is None else f"in {block_size[0]}x{block_size[1]} blocks"
+            raise ValueError(f"{name} {kind} must be fp32 {list(shape)}, got {scale.dtype} "
+                             f"{list(scale.shape)}")
 
 
 def add_into_residual(

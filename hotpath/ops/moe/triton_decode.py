@@ -34,6 +34,14 @@ There are k * cdiv(N, BLOCK_N) programs at batch 1 (8 * 192 for Qwen3-30B-A3B's 
 8-row tiles), several per SM on any Qwen MoE shape, so K is never split: a split would also sum
 a term before it is complete, where the reference rounds each term whole.
 
+fp8 experts (the WFMT constexpr; 16-bit experts compile as before) are read as stored and
+dequantized in registers, x staying in its dtype, as ops/quant's GEMV does for a dense layer: at
+one token each tile's fp32 products are summed per 128-column segment (SEG = min(BLOCK_K, the
+block's width)) and each segment's sum multiplied by its block scale; with tensor cores the fp8
+tile is converted to x's dtype (exact) and the dot's result multiplied by the tile's block scale
+(the K tile held to one block); a channel scale multiplies each row's sum after the K loop. The
+gate and up rows of w13 each read their own block rows of w13_scale.
+
 With PDL (ops/triton_utils.py) a kernel starts as the previous one drains, but waits for it
 before any load: which weights to read depends on the expert ids the routing kernel writes.
 No host sync and no data-dependent shape, so both launches can be captured in a CUDA graph.
@@ -47,8 +55,19 @@ import triton
 import triton.language as tl
 
 from hotpath.ops.moe import tuning
-from hotpath.ops.moe.triton_common import silu_and_mul_rounded, weighted_term
+from hotpath.ops.moe.triton_common import (
+    FP8_BLOCK,
+    W16,
+    W16_FORMAT,
+    ExpertFormat,
+    block_segments,
+    expert_formats,
+    scale_rows,
+    silu_and_mul_rounded,
+    weighted_term,
+)
 from hotpath.ops.moe.triton_grouped import check_kernel_args
+from hotpath.ops.quant.reference import BlockSize
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch,
@@ -80,10 +99,13 @@ def _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T: tl.constexpr, BLOCK_J: tl.cons
 
 
 @triton.jit
-def _rows_times_tokens(w_rows, x_rows, x_ok, K, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                       EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _rows_times_tokens(w_rows, s_rows, x_rows, x_ok, K, WFMT: tl.constexpr, GROUP_K: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
     """[BLOCK_N, BLOCK_T] fp32: the weight rows at w_rows ([BLOCK_N, 1] pointers) times the token
-    rows at x_rows ([BLOCK_T, 1] pointers; those where x_ok is false read as 0), over K."""
+    rows at x_rows ([BLOCK_T, 1] pointers; those where x_ok is false read as 0), over K. fp8 block
+    weights: each segment's sum times its scale (s_rows, see scale_rows; a dot's tile lies within
+    one block); fp8 per channel: without the scale, which the caller applies."""
     rk = tl.arange(0, BLOCK_K)
     if BLOCK_T == 1:
         acc = tl.zeros([w_rows.shape[0]], dtype=tl.float32)
@@ -95,7 +117,12 @@ def _rows_times_tokens(w_rows, x_rows, x_ok, K, BLOCK_T: tl.constexpr, BLOCK_K: 
             else:
                 w = tl.load(w_rows + kk[None, :], mask=(kk < K)[None, :], other=0.0)
                 x = tl.load(x_rows + kk[None, :], mask=(kk < K)[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)
+            p = w.to(tl.float32) * x.to(tl.float32)
+            if WFMT == 2:
+                SEG: tl.constexpr = min(BLOCK_K, GROUP_K)
+                p = tl.sum(tl.reshape(p, (w_rows.shape[0], BLOCK_K // SEG, SEG)), axis=2)
+                p = p * block_segments(s_rows, k0, K, BLOCK_K, GROUP_K)
+            acc += tl.sum(p, axis=1)
         return acc[:, None]
     acc = tl.zeros([w_rows.shape[0], BLOCK_T], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -106,7 +133,14 @@ def _rows_times_tokens(w_rows, x_rows, x_ok, K, BLOCK_T: tl.constexpr, BLOCK_K: 
         else:
             w = tl.load(w_rows + kk[None, :], mask=(kk < K)[None, :], other=0.0)
             x = tl.load(x_rows + kk[None, :], mask=x_ok[:, None] & (kk < K)[None, :], other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        if WFMT == 0:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        elif WFMT == 1:
+            # fp8 values are exact in any 16-bit float: the dot is the dequantized weight's
+            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision=DOT_PRECISION)
+        else:
+            s = tl.load(s_rows + k0 // GROUP_K)  # [BLOCK_N, 1]
+            acc += tl.dot(w.to(x.dtype), tl.trans(x), input_precision=DOT_PRECISION) * s
     return acc
 
 
@@ -114,6 +148,7 @@ def _rows_times_tokens(w_rows, x_rows, x_ok, K, BLOCK_T: tl.constexpr, BLOCK_K: 
 def _decode_gate_up_kernel(
     x_ptr,  # [T, H]
     w_ptr,  # [E, 2 * I, H], H contiguous: gate rows then up rows
+    scale_ptr,  # fp8: [E, 2 * I] (channel), [E, 2 * I blocks, H blocks] (block)
     ids_ptr,  # [T * top_k] int32
     out_ptr,  # [T * top_k, I]: silu(gate) * up of each pair
     T,
@@ -123,7 +158,12 @@ def _decode_gate_up_kernel(
     stride_xt,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
     stride_ot,
+    WFMT: tl.constexpr,  # W16, FP8_CHANNEL, FP8_BLOCK (triton_common)
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -141,10 +181,15 @@ def _decode_gate_up_kernel(
         return
     # rows in pairs: row 2f is gate row f, row 2f + 1 up row f (past I: row I - 1, not stored)
     rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_row = tl.minimum(rv // 2, I - 1) + (rv % 2) * I
+    f, half = tl.minimum(rv // 2, I - 1), rv % 2
+    w_row = f + half * I
     w_rows = w_ptr + expert * stride_we + w_row.to(tl.int64)[:, None] * stride_wn
+    s_rows = scale_rows(scale_ptr, expert, f, half, I, stride_se, stride_sn, WFMT, GROUP_N)
     x_rows = x_ptr + tl.arange(0, BLOCK_T).to(tl.int64)[:, None] * stride_xt
-    acc = _rows_times_tokens(w_rows, x_rows, hit, H, BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
+    acc = _rows_times_tokens(w_rows, s_rows[:, None], x_rows, hit, H, WFMT, GROUP_K, BLOCK_T, BLOCK_K,
+                             EVEN_K, DOT_PRECISION)
+    if WFMT == 1:
+        acc = acc * tl.load(s_rows)[:, None]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_T)), (0, 2, 1)))
     h = silu_and_mul_rounded(gate, up, out_ptr.dtype.element_ty)  # [BLOCK_N // 2, BLOCK_T]
     rf = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -156,6 +201,7 @@ def _decode_gate_up_kernel(
 def _decode_down_kernel(
     h_ptr,  # [T * top_k, I]: the gate_up kernel's output
     w_ptr,  # [E, H, I], I contiguous
+    scale_ptr,  # fp8: [E, H] (channel), [E, H blocks, I blocks] (block)
     ids_ptr,  # [T * top_k] int32
     weights_ptr,  # [T * top_k] fp32
     terms_ptr,  # [T * top_k, H]: each pair's weighted output, rounded as the reference's
@@ -168,8 +214,13 @@ def _decode_down_kernel(
     stride_ht,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
     stride_tt,
     stride_ot,
+    WFMT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -186,9 +237,14 @@ def _decode_down_kernel(
     if not first:
         return
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_rows = w_ptr + expert * stride_we + tl.minimum(rn, H - 1).to(tl.int64)[:, None] * stride_wn
+    w_row = tl.minimum(rn, H - 1)
+    w_rows = w_ptr + expert * stride_we + w_row.to(tl.int64)[:, None] * stride_wn
+    s_rows = scale_rows(scale_ptr, expert, w_row, 0, H, stride_se, stride_sn, WFMT, GROUP_N)
     h_rows = h_ptr + pair.to(tl.int64)[:, None] * stride_ht
-    acc = _rows_times_tokens(w_rows, h_rows, hit, I, BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
+    acc = _rows_times_tokens(w_rows, s_rows[:, None], h_rows, hit, I, WFMT, GROUP_K, BLOCK_T, BLOCK_K,
+                             EVEN_K, DOT_PRECISION)
+    if WFMT == 1:
+        acc = acc * tl.load(s_rows)[:, None]
     weight = tl.load(weights_ptr + pair, mask=hit, other=0.0)
     dtype = terms_ptr.dtype.element_ty
     term = weighted_term(acc, weight[None, :], dtype)  # [BLOCK_N, BLOCK_T]
@@ -217,6 +273,7 @@ def _decode_down_kernel(
 def _decode_down_one_token_kernel(
     h_ptr,  # [top_k, I]: the gate_up kernel's output for one token
     w_ptr,  # [E, H, I], I contiguous
+    scale_ptr,  # fp8: [E, H] (channel), [E, H blocks, I blocks] (block)
     ids_ptr,  # [top_k] int32
     weights_ptr,  # [top_k] fp32
     out_ptr,  # [1, H]
@@ -226,6 +283,11 @@ def _decode_down_one_token_kernel(
     stride_ht,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
+    WFMT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_J: tl.constexpr,
@@ -244,6 +306,8 @@ def _decode_down_one_token_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, H - 1).to(tl.int64)
     w_rows = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn  # [J, N, 1]
+    s_rows = scale_rows(scale_ptr, experts[:, None], rows[None, :], 0, H, stride_se, stride_sn, WFMT,
+                        GROUP_N)  # [J, N]
     h_rows = h_ptr + rj.to(tl.int64)[:, None] * stride_ht  # [J, 1]
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_J, BLOCK_N], dtype=tl.float32)
@@ -255,7 +319,14 @@ def _decode_down_one_token_kernel(
             k_ok = j_ok[:, None] & (kk < I)[None, :]
         w = tl.load(w_rows + kk[None, None, :], mask=k_ok[:, None, :], other=0.0)
         h = tl.load(h_rows + kk[None, :], mask=k_ok, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * h.to(tl.float32)[:, None, :], axis=2)
+        p = w.to(tl.float32) * h.to(tl.float32)[:, None, :]
+        if WFMT == 2:
+            SEG: tl.constexpr = min(BLOCK_K, GROUP_K)
+            p = tl.sum(tl.reshape(p, (BLOCK_J, BLOCK_N, BLOCK_K // SEG, SEG)), axis=3)
+            p = p * block_segments(s_rows[:, :, None], k0, I, BLOCK_K, GROUP_K)
+        acc += tl.sum(p, axis=2)
+    if WFMT == 1:
+        acc = acc * tl.load(s_rows, mask=j_ok[:, None], other=0.0)
     weight = tl.load(weights_ptr + rj, mask=j_ok, other=0.0)
     dtype = out_ptr.dtype.element_ty
     terms = weighted_term(acc, weight[:, None], dtype)  # [BLOCK_J, BLOCK_N]
@@ -273,10 +344,14 @@ def fused_moe(
     topk_ids: torch.Tensor,  # [T, k] int32, distinct within a row
     gate_up_config: tuning.DecodeConfig | None = None,
     down_config: tuning.DecodeConfig | None = None,
+    *,
+    w13_scale: torch.Tensor | None = None,  # fp8 experts (see reference.check_moe_args)
+    w2_scale: torch.Tensor | None = None,
+    block_size: BlockSize | None = None,
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """See the module docstring; the configs override the tuned / default ones (the tuner and
     tests sweep them)."""
-    check_kernel_args(x, w13, w2, topk_weights, topk_ids)
+    check_kernel_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
     T, H = x.shape
     E, I = w13.shape[0], w2.shape[2]
     if T > MAX_TOKENS:
@@ -286,9 +361,13 @@ def fused_moe(
     ids = topk_ids.to(torch.int32).contiguous().view(-1)  # [T * k]
     weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [T * k]
     top_k = topk_ids.shape[1]
-    h = gate_up(x, w13, ids, top_k, gate_up_config or tuning.decode_config(T, E, 2 * I, H, x.dtype, x.device))
+    fmt13, fmt2 = expert_formats(w13, w13_scale, w2_scale, block_size)
+    # fp8 experts' tiles are looked up under the weights' dtype (a file of their own, if tuned)
+    dtype = w13.dtype if fmt13.wfmt != W16 else x.dtype
+    h = gate_up(x, w13, ids, top_k, gate_up_config or tuning.decode_config(T, E, 2 * I, H, dtype, x.device),
+                fmt13)
     return down(h, w2, ids, weights, top_k,
-                down_config or tuning.decode_config(T, E, H, I, x.dtype, x.device, top_k=top_k))
+                down_config or tuning.decode_config(T, E, H, I, dtype, x.device, top_k=top_k), fmt2)
 
 
 def gate_up(
@@ -297,13 +376,15 @@ def gate_up(
     ids: torch.Tensor,  # [T * k] int32
     top_k: int,
     cfg: tuning.DecodeConfig,
+    fmt: ExpertFormat = W16_FORMAT,
 ) -> torch.Tensor:  # [T * k, I]: silu(gate) * up of each (token, expert) pair
     T, H = x.shape
     I = w13.shape[1] // 2
     out = torch.empty((T * top_k, I), dtype=x.dtype, device=x.device)
+    scale, stride_se, stride_sn = fmt.args(w13)
     _decode_gate_up_kernel[(T * top_k, triton.cdiv(2 * I, cfg.block_n))](
-        x, w13, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), out.stride(0),
-        **_launch_options(T, top_k, H, cfg, x),
+        x, w13, scale, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), stride_se,
+        stride_sn, out.stride(0), **fmt.constexprs(), **_launch_options(T, top_k, H, cfg, x, fmt),
     )
     return out
 
@@ -315,15 +396,18 @@ def down(
     weights: torch.Tensor,  # [T * k] fp32
     top_k: int,
     cfg: tuning.DecodeConfig,
+    fmt: ExpertFormat = W16_FORMAT,
 ) -> torch.Tensor:  # [T, H]: each token's weighted sum over its experts
     T, I = h.shape[0] // top_k, h.shape[1]
     H = w2.shape[1]
     out = torch.empty((T, H), dtype=h.dtype, device=h.device)
-    options = _launch_options(T, top_k, I, cfg, h)
+    options = _launch_options(T, top_k, I, cfg, h, fmt) | fmt.constexprs()
+    scale, stride_se, stride_sn = fmt.args(w2)
     if T == 1:
         del options["BLOCK_T"], options["DOT_PRECISION"]
         _decode_down_one_token_kernel[(triton.cdiv(H, cfg.block_n),)](
-            h, w2, ids, weights, out, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), **options)
+            h, w2, scale, ids, weights, out, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1),
+            stride_se, stride_sn, **options)
         return out
     n_tiles = triton.cdiv(H, cfg.block_n)
     if T * n_tiles > MAX_COUNTERS:
@@ -331,27 +415,32 @@ def down(
                          f"{T} tokens x {n_tiles} tiles need more")
     terms = torch.empty((T * top_k, H), dtype=h.dtype, device=h.device)  # [T * k, H]
     _decode_down_kernel[(T * top_k, n_tiles)](
-        h, w2, ids, weights, terms, zeroed_counters("moe decode down", MAX_COUNTERS, h.device), out,
-        T, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), terms.stride(0), out.stride(0), **options,
+        h, w2, scale, ids, weights, terms, zeroed_counters("moe decode down", MAX_COUNTERS, h.device), out,
+        T, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), stride_se, stride_sn, terms.stride(0),
+        out.stride(0), **options,
     )
     return out
 
 
-def _launch_options(T: int, top_k: int, K: int, cfg: tuning.DecodeConfig, x: torch.Tensor) -> dict:
+def _launch_options(T: int, top_k: int, K: int, cfg: tuning.DecodeConfig, x: torch.Tensor,
+                    fmt: ExpertFormat) -> dict:
     """The constexprs and launch options both kernels take, for T tokens and a K-long weight."""
     block_t = 1 if T == 1 else MAX_TOKENS
     if cfg.block_n % 2 or (block_t > 1 and cfg.block_n < 16):
         raise ValueError(f"block_n must be even (gate_up pairs its rows), and at least 16 for more "
                          f"than one token (a dot's least), got {cfg.block_n}")
+    block_k = cfg.block_k
+    if block_t > 1 and fmt.wfmt == FP8_BLOCK:
+        block_k = min(block_k, fmt.group_k)  # a dot's tile within one scale block
     use_pdl = pdl_enabled(x.device)
     return dict(
-        EVEN_K=K % cfg.block_k == 0,
+        EVEN_K=K % block_k == 0,
         USE_PDL=use_pdl,
         BLOCK_T=block_t,
         # at least 4: Triton 3.6 on the H200 once summed a size-2 axis wrongly (docs/benchmarks.md)
         BLOCK_J=max(4, triton.next_power_of_2(top_k)),
         BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
+        BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

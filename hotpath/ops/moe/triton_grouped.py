@@ -24,7 +24,18 @@ expert, then one grouped GEMM launch per projection.
    that is fp32). The atomics make the sum's order, and so its last fp32 bit, vary from run to
    run (rarely the rounded bf16 value): the result is not bitwise reproducible, unlike the
    decode path's.
-Tile sizes come from hotpath.ops.moe.tuning (tuned JSON files, else a fixed rule).
+fp8 experts (the WFMT constexpr; 16-bit experts compile as before): weight-only dequantization in
+the tile loop. Each fp8 weight tile is converted to x's dtype (exact: e4m3 values fit any 16-bit
+float) and multiplied on tensor cores with x as it is; with block scales the K tile is held to
+one block and each partial dot multiplied by its columns' block scales before it joins the fp32
+accumulator; a channel scale multiplies the accumulator's columns in the epilogue. This is the
+arithmetic of the decode kernels and of the reference (x not quantized), so every token count
+rounds alike. (An fp8 x fp8 path, x quantized per token and group as ops/quant's GEMM does,
+would halve the dot's operand bytes and double its rate where a large prefill is compute-bound;
+left out: weight bytes, which this path already halves, are what decode and mid-size batches
+wait on.)
+Tile sizes come from hotpath.ops.moe.tuning (tuned JSON files, else a fixed rule; fp8 experts
+look theirs up under the weights' dtype).
 """
 
 from __future__ import annotations
@@ -35,7 +46,17 @@ import triton.language as tl
 
 from hotpath.ops.moe import tuning
 from hotpath.ops.moe.reference import check_moe_args
-from hotpath.ops.moe.triton_common import silu_and_mul_rounded, weighted_term
+from hotpath.ops.moe.triton_common import (
+    FP8_BLOCK,
+    W16,
+    W16_FORMAT,
+    ExpertFormat,
+    expert_formats,
+    scale_rows,
+    silu_and_mul_rounded,
+    weighted_term,
+)
+from hotpath.ops.quant.reference import BlockSize
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch,
@@ -180,6 +201,7 @@ def align_by_expert(
 def _grouped_gemm_kernel(
     a_ptr,  # GATED: x [T, K]; else the intermediate [num_pairs, K]
     w_ptr,  # [E, N, K], K contiguous (GATED: N = 2 * I, gate rows then up rows)
+    scale_ptr,  # fp8: [E, N] (channel), [E, N blocks, K blocks] (block; GATED: gate's, then up's)
     out_ptr,  # GATED: the intermediate [num_pairs, N / 2]; else the fp32 accumulator [T, N]
     weights_ptr,  # [num_pairs] fp32 routing weights (not GATED)
     sorted_pairs_ptr,  # [num_tiles * BLOCK_M] int32
@@ -193,7 +215,12 @@ def _grouped_gemm_kernel(
     stride_am,
     stride_we,
     stride_wn,
+    stride_se,
+    stride_sn,
     stride_om,
+    WFMT: tl.constexpr,  # W16, FP8_CHANNEL, FP8_BLOCK (triton_common)
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
     GATED: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -225,13 +252,17 @@ def _grouped_gemm_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if GATED:
         # column c of the tile: gate row c // 2 if c is even, else the matching up row
-        half = N // 2
-        w_row = tl.minimum(rn // 2, half - 1) + (rn % 2) * half
+        rows = N // 2
+        f, half = tl.minimum(rn // 2, rows - 1), rn % 2
     else:
-        w_row = tl.minimum(rn, N - 1)  # past N: a real row, never stored
+        rows = N
+        f, half = tl.minimum(rn, N - 1), 0  # past N: a real row, never stored
+    w_row = f + half * rows
+    s_cols = scale_rows(scale_ptr, expert, f, half, rows, stride_se, stride_sn, WFMT, GROUP_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + rk[None, :]
     w_ptrs = w_ptr + expert * stride_we + w_row.to(tl.int64)[None, :] * stride_wn + rk[:, None]
+    dtype = a_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -241,10 +272,19 @@ def _grouped_gemm_kernel(
             k_ok = k0 + rk < K
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        if WFMT == 0:
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        elif WFMT == 1:
+            # fp8 values are exact in any 16-bit float: the dot is the dequantized weight's
+            acc = tl.dot(a, w.to(dtype), acc, input_precision=DOT_PRECISION)
+        else:
+            # the tile lies within one block along K: its scale multiplies the partial dot
+            s = tl.load(s_cols + k0 // GROUP_K)  # [BLOCK_N]
+            acc += tl.dot(a, w.to(dtype), input_precision=DOT_PRECISION) * s[None, :]
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    dtype = a_ptr.dtype.element_ty
+    if WFMT == 1:
+        acc = acc * tl.load(s_cols)[None, :]
     if GATED:
         gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
         h = silu_and_mul_rounded(gate, up, dtype)  # [BLOCK_M, BLOCK_N // 2]
@@ -269,9 +309,10 @@ def grouped_gemm(
     top_k: int,
     gated: bool,
     cfg: tuning.GroupedConfig,
+    fmt: ExpertFormat = W16_FORMAT,
 ) -> None:
     """One grouped GEMM launch: gate_up with silu-and-mul (gated), or down with the weighted
-    top-k sum added into `out`."""
+    top-k sum added into `out`. fp8 block weights hold cfg's K tile to one scale block."""
     if gated and cfg.block_n % 2:
         raise ValueError(f"gate_up tiles hold gate and up rows in pairs: block_n must be even, got {cfg.block_n}")
     sorted_pairs, block_expert, num_padded = aligned
@@ -279,15 +320,18 @@ def grouped_gemm(
     num_tiles = block_expert.numel()
     use_pdl = pdl_enabled(a.device)
     grid = (num_tiles * triton.cdiv(N, cfg.block_n),)
+    block_k = min(cfg.block_k, fmt.group_k) if fmt.wfmt == FP8_BLOCK else cfg.block_k
+    scale, stride_se, stride_sn = fmt.args(w)
     _grouped_gemm_kernel[grid](
-        a, w, out, weights, sorted_pairs, block_expert, num_padded, num_pairs, num_tiles, N, K,
-        top_k, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        a, w, scale, out, weights, sorted_pairs, block_expert, num_padded, num_pairs, num_tiles, N, K,
+        top_k, a.stride(0), w.stride(0), w.stride(1), stride_se, stride_sn, out.stride(0),
+        **fmt.constexprs(),
         GATED=gated,
-        EVEN_K=K % cfg.block_k == 0,
+        EVEN_K=K % block_k == 0,
         USE_PDL=use_pdl,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
+        BLOCK_K=block_k,
         GROUP_M=cfg.group_m,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else None,
         num_warps=cfg.num_warps,
@@ -304,10 +348,14 @@ def fused_moe(
     topk_ids: torch.Tensor,  # [T, k] int32, distinct within a row
     gate_up_config: tuning.GroupedConfig | None = None,
     down_config: tuning.GroupedConfig | None = None,
+    *,
+    w13_scale: torch.Tensor | None = None,  # fp8 experts (see reference.check_moe_args)
+    w2_scale: torch.Tensor | None = None,
+    block_size: BlockSize | None = None,
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """See the module docstring; the configs override the tuned / default ones (the tuner and
     tests sweep them)."""
-    check_kernel_args(x, w13, w2, topk_weights, topk_ids)
+    check_kernel_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
     T, H = x.shape
     E, I = w13.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
@@ -316,25 +364,29 @@ def fused_moe(
         return torch.zeros_like(x)
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.to(torch.float32).contiguous()
-    gate_up_config = gate_up_config or tuning.grouped_config(T, top_k, E, 2 * I, H, x.dtype, x.device)
-    down_config = down_config or tuning.grouped_config(T, top_k, E, H, I, x.dtype, x.device)
+    fmt13, fmt2 = expert_formats(w13, w13_scale, w2_scale, block_size)
+    # fp8 experts' tiles are looked up under the weights' dtype (a file of their own, if tuned)
+    dtype = w13.dtype if fmt13.wfmt != W16 else x.dtype
+    gate_up_config = gate_up_config or tuning.grouped_config(T, top_k, E, 2 * I, H, dtype, x.device)
+    down_config = down_config or tuning.grouped_config(T, top_k, E, H, I, dtype, x.device)
     aligned = align_by_expert(ids, E, gate_up_config.block_m)
     if down_config.block_m != gate_up_config.block_m:
         down_aligned = align_by_expert(ids, E, down_config.block_m)
     else:
         down_aligned = aligned
     intermediate = torch.empty((num_pairs, I), dtype=x.dtype, device=x.device)  # [T * k, I]
-    grouped_gemm(x, w13, intermediate, weights, aligned, num_pairs, top_k, True, gate_up_config)
+    grouped_gemm(x, w13, intermediate, weights, aligned, num_pairs, top_k, True, gate_up_config, fmt13)
     acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)  # the top-k sum
-    grouped_gemm(intermediate, w2, acc, weights, down_aligned, num_pairs, top_k, False, down_config)
+    grouped_gemm(intermediate, w2, acc, weights, down_aligned, num_pairs, top_k, False, down_config, fmt2)
     return acc if x.dtype == torch.float32 else acc.to(x.dtype)
 
 
 def check_kernel_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor) -> None:
+                      topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                      w2_scale: torch.Tensor | None = None, block_size: BlockSize | None = None) -> None:
     """The reference's checks, plus what the kernels need: a float dtype they take and rows
     contiguous along their last dimension."""
-    check_moe_args(x, w13, w2, topk_weights, topk_ids)
+    check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
     tl_dtype(x.dtype)  # raises for a dtype the kernels do not take
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("x and the expert weights must be contiguous along their last dimension")

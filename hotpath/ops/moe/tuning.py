@@ -2,8 +2,9 @@
 
 A projection's configurations live in configs/E={E},N={N},K={K},device={device},dtype={dtype}.json,
 for the expert weight [E, N, K] (gate_up: N = 2 * I, K = H; down: N = H, K = I), the GPU's name
-as torch reports it (spaces as underscores) and the dtype's torch name. benchmarks/tune_moe.py
-writes them:
+as torch reports it (spaces as underscores) and the dtype's torch name (x's; for fp8 experts the
+weights', float8_e4m3fn or float8_e4m3fnuz, whose dot tiles are held to one scale block along
+K). benchmarks/tune_moe.py writes them:
 
     {"grouped": {"<tokens>": {"block_m": .., "block_n": .., "block_k": .., "group_m": ..,
                               "num_warps": .., "num_stages": ..}, ...},
