@@ -11,49 +11,87 @@ import torch
 import torch.nn as nn
 
 from hotpath.layers.linear import Linear, WeightLoaders
-from hotpath.layers.quant.base import current_quant_config
-from hotpath.layers.quant.experts import dequantizing_loaders
+from hotpath.layers.quant.base import QuantConfig, copy_checked, current_quant_config
+from hotpath.layers.quant.experts import dequantizing_loaders, fp8_experts, fp8_loaders
 from hotpath.layers.mlp import GatedMLP
 from hotpath.ops.moe import FEW_TOKENS, add_into_residual, fused_moe, route
+from hotpath.ops.quant import fp8_dtype
 
 
 class FusedExperts(nn.Module):
     """num_experts gated MLPs, stacked: w13 [E, 2 * I, H] holds each expert's gate_proj rows then
     its up_proj rows, w2 [E, H, I] its down_proj. The checkpoint keeps one tensor per expert and
-    projection (`experts.{e}.gate_proj.weight`), each copied into its slice."""
+    projection (`experts.{e}.gate_proj.weight`), each copied into its slice.
+
+    Built under an fp8 format (hotpath/layers/quant/experts.py), w13 and w2 are fp8 and carry
+    fp32 scales, which the fused MoE kernels read as they are: w13_scale [E, 2 * I] and w2_scale
+    [E, H] per channel, or per block w13_scale [E, 2 * ceil(I / 128), ceil(H / 128)] (the gate's
+    block rows, then the up's) and w2_scale [E, ceil(H / 128), ceil(I / 128)]. Other quantized
+    formats' experts (int4) are dequantized into the model dtype as they load."""
 
     _SLICES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
-                                requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
-                               requires_grad=False)
-        # a quantized checkpoint's experts: dequantized into the model dtype as they load, the
-        # fused MoE kernels taking 16-bit experts (see hotpath/layers/quant/experts.py)
+        self.dtype = torch.get_default_dtype()  # the model dtype
         quant = current_quant_config()
         self.checkpoint_quant = quant if quant is not None and quant.expert_tensors else None
 
+    @property
+    def checkpoint_quant(self) -> QuantConfig | None:
+        """The format of the checkpoint's experts (None: the model dtype)."""
+        return self._checkpoint_quant
+
+    @checkpoint_quant.setter
+    def checkpoint_quant(self, quant: QuantConfig | None) -> None:
+        # (re)creates the parameters in the format's layout: the loader sets None, before any
+        # loading, for experts a format's ignore list names
+        self._checkpoint_quant = quant
+        self.fp8 = fp8_experts(quant) if quant is not None else None
+        self._create_weights()
+
+    def _create_weights(self) -> None:
+        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        device = self.w13.device if "w13" in self._parameters else torch.empty(0).device
+        for name in list(self._parameters):
+            delattr(self, name)
+        dtype = self.dtype if self.fp8 is None else fp8_dtype(device)
+        self.w13 = _param(torch.empty(E, 2 * I, H, dtype=dtype, device=device))
+        self.w2 = _param(torch.empty(E, H, I, dtype=dtype, device=device))
+        if self.fp8 is not None:
+            gate_rows, *k_blocks = self.fp8.scale_shape(I, H)
+            self.w13_scale = _param(torch.empty(E, 2 * gate_rows, *k_blocks, dtype=torch.float32,
+                                                device=device))
+            self.w2_scale = _param(torch.empty(E, *self.fp8.scale_shape(H, I), dtype=torch.float32,
+                                               device=device))
+
+    def _slices(self, expert: int, proj: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Projection `proj` of `expert`'s part of the weight and, for fp8, of its scale."""
+        name, half = self._SLICES[proj]
+        weight = getattr(self, name).data[expert]
+        scale = getattr(self, f"{name}_scale").data[expert] if self.fp8 is not None else None
+        if name == "w13":  # gate then up, each with its own rows of weight and scale
+            weight = weight.chunk(2)[half]
+            scale = scale.chunk(2)[half] if scale is not None else None
+        return weight, scale
+
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
-        loaders = {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, param, e, half)
-                   for e in range(self.num_experts) for proj, (param, half) in self._SLICES.items()}
+        projections = [(e, proj) for e in range(self.num_experts) for proj in self._SLICES]
+        if self.fp8 is not None:
+            return fp8_loaders(self.fp8, {f"{prefix}.{e}.{proj}": self._slices(e, proj)
+                                          for e, proj in projections})
+        loaders = {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, e, proj)
+                   for e, proj in projections}
         if self.checkpoint_quant is not None:
             return dequantizing_loaders(self.checkpoint_quant, loaders, self.w13.dtype, self.w13.device)
         return loaders
 
-    def weight_loader(self, param_name: str, expert: int, half: int, loaded: torch.Tensor) -> None:
-        target = getattr(self, param_name).data[expert]
-        if param_name == "w13":
-            i = self.intermediate_size
-            target = target[half * i : (half + 1) * i]
-        if loaded.shape != target.shape:
-            raise ValueError(
-                f"has shape {tuple(loaded.shape)}, expected {tuple(target.shape)}"
-            )
-        target.copy_(loaded)
+    def weight_loader(self, expert: int, proj: str, loaded: torch.Tensor) -> None:
+        """Copies one expert projection's 16-bit weight into its slice."""
+        copy_checked(self._slices(expert, proj)[0], loaded)
 
     def forward(
         self,
@@ -61,7 +99,14 @@ class FusedExperts(nn.Module):
         topk_weights: torch.Tensor,  # [T, k] fp32
         topk_ids: torch.Tensor,  # [T, k] int32
     ) -> torch.Tensor:  # [T, H]
-        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
+        if self.fp8 is None:
+            return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
+        return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale,
+                         self.fp8.block_size)
+
+
+def _param(data: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(data, requires_grad=False)
 
 
 class SparseMoeBlock(nn.Module):

@@ -281,38 +281,132 @@ def test_linear_layers_take_the_method_of_the_model_being_built():
     assert lin.weight.shape == (64, 64) and not hasattr(lin, "qweight")
 
 
-def test_fp8_block_moe_experts_dequantize_exactly_and_router_stays_unquantized(tmp_path):
-    """The Qwen3-30B-A3B-FP8 layout: per-expert fp8 weight + weight_scale_inv; the router gate in
-    the model dtype. Experts load dequantized into the stacked w13 / w2."""
-    experts, moe_inter = 3, 128
+MOE_EXPERTS, MOE_INTER = 3, 192  # 192 rows: gate and up each end on a partial 128-row block
+CT_ARGS = dict(num_bits=8, type="float", symmetric=True, group_size=None, block_structure=None)
+FP8_MOE_FORMATS = {  # name -> (quantization_config, scale suffix, block size)
+    "fp8-block": ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+                  "weight_scale_inv", (128, 128)),
+    "ct-channel": ({"quant_method": "compressed-tensors", "format": "float-quantized",
+                    "config_groups": {"group_0": {
+                        "targets": ["Linear"],
+                        "weights": {**CT_ARGS, "strategy": "channel", "dynamic": False},
+                        "input_activations": {**CT_ARGS, "strategy": "token", "dynamic": True}}},
+                    "ignore": ["lm_head"]}, "weight_scale", None),
+    "online": (None, None, None),
+}
+
+
+def write_moe_checkpoint(path: Path, fmt: str) -> tuple[dict, dict, dict]:
+    """A tiny Qwen3-MoE in format `fmt` (attention and experts quantized, routers 16-bit):
+    (dense weights, checkpoint tensors, routers) by checkpoint name."""
+    qc, scale_name, block = FP8_MOE_FORMATS[fmt]
+    written = {}
 
     def tensors(name, n, k, g):
-        w = random_fp8(n, k, g)
-        scale = (torch.rand(-(-n // 128), -(-k // 128), generator=g) + 0.5).to(torch.bfloat16)
-        dense = w.float() * scale.float().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-        return {"weight": w, "weight_scale_inv": scale}, dense
+        if scale_name is None:
+            w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
+            parts = {"weight": w}
+        else:
+            w8 = random_fp8(n, k, g)
+            shape = (n, 1) if block is None else (-(-n // 128), -(-k // 128))
+            scale = (torch.rand(*shape, generator=g) + 0.5).to(torch.bfloat16)
+            expand = scale.float() if block is None else \
+                scale.float().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+            parts, w = {"weight": w8, scale_name: scale}, w8.float() * expand
+        written[name] = parts
+        return parts, w
 
     linears = {k: v for k, v in LINEARS.items() if k.startswith("self_attn")}
-    for e in range(experts):
-        linears[f"mlp.experts.{e}.gate_proj"] = (moe_inter, HIDDEN)
-        linears[f"mlp.experts.{e}.up_proj"] = (moe_inter, HIDDEN)
-        linears[f"mlp.experts.{e}.down_proj"] = (HIDDEN, moe_inter)
-    config = qwen3_config({"quant_method": "fp8", "weight_block_size": [128, 128],
-                           "activation_scheme": "dynamic"})
-    config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=experts,
-                  num_experts_per_tok=2, moe_intermediate_size=moe_inter, norm_topk_prob=True)
-    dense = write_checkpoint(tmp_path, config, tensors, linears)
+    for e in range(MOE_EXPERTS):
+        linears[f"mlp.experts.{e}.gate_proj"] = (MOE_INTER, HIDDEN)
+        linears[f"mlp.experts.{e}.up_proj"] = (MOE_INTER, HIDDEN)
+        linears[f"mlp.experts.{e}.down_proj"] = (HIDDEN, MOE_INTER)
+    config = qwen3_config(qc)
+    config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=MOE_EXPERTS,
+                  num_experts_per_tok=2, moe_intermediate_size=MOE_INTER, norm_topk_prob=True)
+    dense = write_checkpoint(path, config, tensors, linears)
     from safetensors.torch import load_file
-    weights = load_file(tmp_path / "model.safetensors")
-    routers = {f"model.layers.{i}.mlp.gate.weight": torch.randn(experts, HIDDEN) for i in range(LAYERS)}
-    save_file({**weights, **routers}, tmp_path / "model.safetensors")
-    model = load(tmp_path)
+    weights = load_file(path / "model.safetensors")
+    routers = {f"model.layers.{i}.mlp.gate.weight": torch.randn(MOE_EXPERTS, HIDDEN) for i in range(LAYERS)}
+    save_file({**weights, **routers}, path / "model.safetensors")
+    return dense, written, routers
+
+
+@pytest.mark.parametrize("device_fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+@pytest.mark.parametrize("fmt", list(FP8_MOE_FORMATS))
+def test_fp8_moe_experts_load_as_fp8_and_router_stays_unquantized(tmp_path, monkeypatch, fmt, device_fp8):
+    """Qwen3-30B-A3B-FP8's layout (per-expert fp8 weight + weight_scale_inv), compressed-tensors'
+    per channel, and online fp8: the experts load into the stacked fp8 w13 / w2 and their fp32
+    scales, gate and up keeping their own block rows, and dequantize to exactly the checkpoint's
+    weights (online: to its per-row quantization). As gfx942's e4m3fnuz too (the bits converted,
+    the scales doubled: the same values). The router stays in the model dtype."""
+    import hotpath.layers.moe as moe_layer
+    from hotpath.ops.moe.reference import dequantize_experts
+    from hotpath.ops.quant.reference import quantize_fp8_per_token
+
+    monkeypatch.setattr(moe_layer, "fp8_dtype", lambda device: device_fp8)
+    dense, written, routers = write_moe_checkpoint(tmp_path, fmt)
+    _, scale_name, block = FP8_MOE_FORMATS[fmt]
+    model = load(tmp_path, "fp8" if fmt == "online" else None)
     for i in range(LAYERS):
         mlp = model.model.layers[i].mlp
         assert isinstance(mlp.gate.method, UnquantizedLinearMethod)
         assert torch.equal(mlp.gate.weight, routers[f"model.layers.{i}.mlp.gate.weight"])
-        for e in range(experts):
+        experts = mlp.experts
+        assert experts.w13.dtype == experts.w2.dtype == device_fp8
+        assert experts.w13_scale.dtype == experts.w2_scale.dtype == torch.float32
+        if block is None:
+            assert experts.w13_scale.shape == (MOE_EXPERTS, 2 * MOE_INTER)
+            assert experts.w2_scale.shape == (MOE_EXPERTS, HIDDEN)
+        else:
+            assert experts.w13_scale.shape == (MOE_EXPERTS, 2 * 2, 1)
+            assert experts.w2_scale.shape == (MOE_EXPERTS, 1, 2)
+        for e in range(MOE_EXPERTS):
             p = f"model.layers.{i}.mlp.experts.{e}"
-            w13 = torch.cat([dense[f"{p}.gate_proj"], dense[f"{p}.up_proj"]])
-            assert torch.equal(mlp.experts.w13[e], w13)
-            assert torch.equal(mlp.experts.w2[e], dense[f"{p}.down_proj"])
+            want13 = torch.cat([dense[f"{p}.gate_proj"], dense[f"{p}.up_proj"]])
+            want2 = dense[f"{p}.down_proj"]
+            if fmt == "online":
+                for want, w, s in ((want13, experts.w13[e], experts.w13_scale[e]),
+                                   (want2, experts.w2[e], experts.w2_scale[e])):
+                    q, scale = quantize_fp8_per_token(want, device_fp8)
+                    assert torch.equal(w.view(torch.uint8), q.view(torch.uint8))
+                    assert torch.equal(s, scale)
+                continue
+            assert torch.equal(dequantize_experts(experts.w13[e], experts.w13_scale[e], block, 2), want13)
+            assert torch.equal(dequantize_experts(experts.w2[e], experts.w2_scale[e], block, 1), want2)
+            if device_fp8 == torch.float8_e4m3fn:  # the checkpoint's bytes, as they are
+                gate_up = torch.cat([written[f"{p}.gate_proj"]["weight"], written[f"{p}.up_proj"]["weight"]])
+                assert torch.equal(experts.w13[e].view(torch.uint8), gate_up.view(torch.uint8))
+
+
+def test_dummy_fp8_experts_are_fp8_with_positive_scales(tmp_path):
+    """load_format="dummy" (the benchmarks' random weights) fills fp8 experts and their scales."""
+    write_moe_checkpoint(tmp_path, "fp8-block")
+    cfg = read_config(tmp_path)
+    cfg.quantization = read_quant_config(tmp_path)
+    model = load_model(cfg, tmp_path, "dummy", torch.device("cpu"), torch.bfloat16, 64)
+    experts = model.model.layers[0].mlp.experts
+    assert experts.w13.dtype == torch.float8_e4m3fn and experts.w13.float().std() > 0.5
+    for scale in (experts.w13_scale, experts.w2_scale):
+        assert scale.dtype == torch.float32 and (scale > 0).all()
+
+
+def test_experts_reset_to_the_model_dtype_drop_their_fp8_parameters():
+    """The loader sets checkpoint_quant to None for experts a format's ignore list names: the
+    parameters are made anew in the model dtype, without scales, and load 16-bit tensors."""
+    from hotpath.layers.moe import FusedExperts
+    from hotpath.layers.quant.base import building_with
+    from hotpath.layers.quant.fp8_block import Fp8BlockConfig
+
+    with building_with(Fp8BlockConfig()):
+        experts = FusedExperts(4, 128, 64)
+    assert experts.w13.dtype == torch.float8_e4m3fn and experts.w13_scale.shape == (4, 2, 1)
+    assert set(experts.checkpoint_tensors("e")) == {f"e.{i}.{p}.{s}" for i in range(4)
+                                                    for p in ("gate_proj", "up_proj", "down_proj")
+                                                    for s in ("weight", "weight_scale_inv")}
+    experts.checkpoint_quant = None
+    assert [n for n, _ in experts.named_parameters()] == ["w13", "w2"]
+    assert experts.w13.dtype == torch.get_default_dtype() and experts.w2.shape == (4, 128, 64)
+    up = torch.randn(64, 128)
+    experts.checkpoint_tensors("e")["e.2.up_proj.weight"](up)
+    assert torch.equal(experts.w13[2, 64:], up)

@@ -20,7 +20,7 @@ from hotpath.layers.quant.fp8_common import (
     to_device_fp8,
 )
 from hotpath.layers.quant.ignore import IgnoreList
-from hotpath.ops.quant.reference import BlockSize, dequantize_fp8
+from hotpath.ops.quant.reference import BlockSize
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
@@ -56,6 +56,8 @@ class Fp8BlockLinearMethod(Fp8LinearMethod):
 
 
 class Fp8BlockConfig(QuantConfig):
+    """MoE experts stay fp8 with their block scales (hotpath/layers/quant/experts.py)."""
+
     expert_tensors = ("weight", "weight_scale_inv")
 
     def __init__(self, block_size: BlockSize = (128, 128), ignore: IgnoreList | None = None,
@@ -71,6 +73,3 @@ class Fp8BlockConfig(QuantConfig):
 
     def skips(self, module_name: str, shard_names: list[str]) -> bool:
         return self.ignore.skips(module_name, shard_names)
-
-    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return dequantize_fp8(tensors["weight"], tensors[self.scale_name].float(), self.block_size).to(dtype)

@@ -24,7 +24,7 @@ from hotpath.layers.quant.fp8_common import (
 )
 from hotpath.layers.quant.ignore import IgnoreList
 from hotpath.ops.quant import fp8_dtype
-from hotpath.ops.quant.reference import dequantize_fp8, quantize_fp8_per_token
+from hotpath.ops.quant.reference import quantize_fp8_per_token
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
@@ -67,7 +67,8 @@ class Fp8OnlineLinearMethod(Fp8LinearMethod):
 
 
 class Fp8ChannelConfig(QuantConfig):
-    """compressed-tensors' FP8 per-channel checkpoints."""
+    """compressed-tensors' FP8 per-channel checkpoints. MoE experts stay fp8 with their scales
+    (hotpath/layers/quant/experts.py)."""
 
     name = "compressed-tensors"
     expert_tensors = ("weight", "weight_scale")
@@ -81,15 +82,13 @@ class Fp8ChannelConfig(QuantConfig):
     def skips(self, module_name: str, shard_names: list[str]) -> bool:
         return self.ignore.skips(module_name, shard_names)
 
-    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return dequantize_fp8(tensors["weight"], tensors["weight_scale"].float(), None).to(dtype)
-
 
 class Fp8OnlineConfig(QuantConfig):
     """`quantization="fp8"` on an unquantized checkpoint: PTPC, quantized while loading. MoE
-    experts stay in the model dtype (the fused MoE kernels take 16-bit experts)."""
+    experts too, per output row, as each projection's 16-bit weight loads (experts.py)."""
 
     name = "fp8"
+    expert_tensors = ("weight",)
 
     def linear_method(self) -> Fp8OnlineLinearMethod:
         return Fp8OnlineLinearMethod()
