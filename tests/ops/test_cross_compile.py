@@ -352,6 +352,32 @@ def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
     quant.fused_add_rms_norm_fp8(e(1512, H), e(1512, H), e(H), 1e-6, f8)
 
 
+def _moe_fp8_steps(run: Run, target: Target, step: list[str], roles: dict[int, str]) -> None:
+    """The fused MoE kernels on fp8 experts (FusedExperts under an fp8 format), once, at
+    Qwen3-30B-A3B's shapes in the target's fp8: block scales as Qwen3-30B-A3B-FP8 ships them and
+    per channel (compressed-tensors, online fp8), decode at one token (FMA sums per segment) and 8
+    (tensor cores), the grouped GEMM at 64 and at a 1512-token prefill."""
+    from hotpath.ops.moe import fused_moe
+
+    if run.name != "qwen3-30b-a3b":
+        return
+    f8 = _fp8(target)
+    E, H, I, top_k = 128, 2048, 768, 8
+
+    def e(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device=META)
+
+    scales = {"block": (e(E, 2 * I // 128, H // 128), e(E, H // 128, I // 128), (128, 128)),
+              "channel": (e(E, 2 * I), e(E, H), None)}
+    w13, w2 = e(E, 2 * I, H, dtype=f8), e(E, H, I, dtype=f8)
+    roles[id(w13)], roles[id(w2)] = "experts.w13", "experts.w2"  # the grouped GEMM's two launches
+    for T in (1, 8, 64, 1512):
+        for name, (s13, s2, block) in scales.items():
+            step[0] = f"{run.name}/moe-fp8-{name}-b{T}"
+            fused_moe(e(T, H, dtype=torch.bfloat16), w13, w2, e(T, top_k), e(T, top_k, dtype=torch.int32),
+                      s13, s2, block)
+
+
 def _key(value) -> object:
     """What a launch's compile may depend on in an argument: a tensor's dtype, alignment and
     whether it is under 2 GB (AMD's buffer loads), any other value itself."""
@@ -381,6 +407,7 @@ def record(target: Target) -> list[Launch]:
         with torch.inference_mode(), _recording(target, roles, step) as recorded:
             _steps(run, model, target, step)
             _quant_steps(run, target, step)
+            _moe_fp8_steps(run, target, step, roles)
         for launch in recorded:
             key = (launch.kernel, tuple(map(_key, launch.args)),
                    tuple((k, _key(v)) for k, v in sorted(launch.kwargs.items())))
