@@ -2,7 +2,12 @@
 
     python benchmarks/tune_moe.py --shapes qwen3-30b-a3b qwen3-235b-a22b     # both paths, all counts
     python benchmarks/tune_moe.py --shapes qwen3-30b-a3b --tokens 1 8 64 --quick
+    python benchmarks/tune_moe.py --shapes qwen3-30b-a3b --fp8 block     # fp8 experts (Qwen3-30B-A3B-FP8)
     python benchmarks/tune_moe.py --tiny --out-dir /tmp/moe-configs   # the script on the CPU
+
+With --fp8 block|channel the experts are fp8 (128x128 block scales, or a scale per row) and the
+files are the weights' dtype's (float8_e4m3fn, or e4m3fnuz on gfx942), where tuning.py looks up
+fp8 experts' tiles; block scales take dot tiles at most 128 wide along K.
 
 For each model shape, each projection (gate_up: the [E, 2I, H] weight with silu-and-mul fused;
 down: [E, H, I] with the weighted top-k sum) and each token count T, every candidate tile
@@ -55,7 +60,7 @@ CHECK_TOL = 1e-2  # relative error of a candidate's whole op against the fp32 re
 # ---- candidates -----------------------------------------------------------------------------------
 
 def grouped_candidates(T: int, top_k: int, E: int, K: int, smem_bytes: int, quick: bool,
-                       tiny: bool) -> Iterator:
+                       tiny: bool, max_block_k: int = 1 << 30) -> Iterator:
     from hotpath.ops.moe.tuning import GroupedConfig
 
     if tiny:
@@ -70,7 +75,7 @@ def grouped_candidates(T: int, top_k: int, E: int, K: int, smem_bytes: int, quic
     else:
         space = itertools.product(block_ms, (32, 64, 128, 256), (64, 128, 256), (1, 16), (4, 8), (2, 3, 4, 5))
     for block_m, block_n, block_k, group_m, num_warps, num_stages in space:
-        if block_k > 2 * K or num_stages * (block_m + block_n) * block_k * 2 > smem_bytes:
+        if block_k > min(2 * K, max_block_k) or num_stages * (block_m + block_n) * block_k * 2 > smem_bytes:
             continue
         if num_warps == 8 and block_m * block_n < 64 * 128:  # too few elements for 8 warps
             continue
@@ -79,9 +84,11 @@ def grouped_candidates(T: int, top_k: int, E: int, K: int, smem_bytes: int, quic
         yield GroupedConfig(block_m, block_n, block_k, group_m, num_warps, num_stages)
 
 
-def decode_candidates(T: int, K: int, smem_bytes: int, quick: bool, tiny: bool, top_k: int = 0) -> Iterator:
+def decode_candidates(T: int, K: int, smem_bytes: int, quick: bool, tiny: bool, top_k: int = 0,
+                      max_block_k: int = 1 << 30) -> Iterator:
     """top_k: for the down projection at one token, whose kernel holds [k, block_n, block_k]
-    tiles (triton_decode._decode_down_one_token_kernel); 0 for the others."""
+    tiles (triton_decode._decode_down_one_token_kernel); 0 for the others. max_block_k: the
+    tensor-core tiles' bound (fp8 block scales: one block)."""
     from hotpath.ops.moe.tuning import DecodeConfig
 
     if tiny:
@@ -104,21 +111,45 @@ def decode_candidates(T: int, K: int, smem_bytes: int, quick: bool, tiny: bool, 
     space = itertools.product((16, 32, 64), (64, 128, 256, 512), (4,) if quick else (4, 8),
                               (3,) if quick else (2, 3, 4))
     for block_n, block_k, num_warps, num_stages in space:
-        if block_k <= max(64, 2 * K) and num_stages * (block_n + 16) * block_k * 2 <= smem_bytes:
+        if block_k <= min(max(64, 2 * K), max_block_k) and num_stages * (block_n + 16) * block_k * 2 <= smem_bytes:
             yield DecodeConfig(block_n, block_k, num_warps, num_stages)
 
 
 # ---- one shape ---------------------------------------------------------------------------------------
 
 class Tuner:
-    def __init__(self, name: str, E: int, H: int, I: int, top_k: int, bench: Bench, quick: bool):
+    def __init__(self, name: str, E: int, H: int, I: int, top_k: int, bench: Bench, quick: bool,
+                 fp8: str | None = None):
+        from hotpath.ops.moe.triton_common import expert_formats
+        from hotpath.ops.quant import fp8_dtype
+
         self.name, self.E, self.H, self.I, self.top_k = name, E, H, I, top_k
         self.bench, self.quick, self.tiny = bench, quick, bench.tiny
         self.device = bench.device
         self.dtype = torch.float32 if bench.tiny else torch.bfloat16  # the interpreter's bf16 is wrong
         g = torch.Generator(self.device).manual_seed(0)
-        self.w13 = (torch.randn(E, 2 * I, H, generator=g, device=self.device) / H**0.5).to(self.dtype)
-        self.w2 = (torch.randn(E, H, I, generator=g, device=self.device) / I**0.5).to(self.dtype)
+        if fp8 is None:
+            self.w13 = (torch.randn(E, 2 * I, H, generator=g, device=self.device) / H**0.5).to(self.dtype)
+            self.w2 = (torch.randn(E, H, I, generator=g, device=self.device) / I**0.5).to(self.dtype)
+            self.scales: dict = {}
+        else:  # fp8 values over the format's range, scales bringing the rows to the 16-bit ones'
+            f8 = fp8_dtype(torch.device(self.device))
+            fmax = torch.finfo(f8).max
+            self.w13 = (torch.randn(E, 2 * I, H, generator=g, device=self.device) * fmax / 4).clamp(-fmax, fmax).to(f8)
+            self.w2 = (torch.randn(E, H, I, generator=g, device=self.device) * fmax / 4).clamp(-fmax, fmax).to(f8)
+            if fp8 == "block":
+                block = (128, 128)
+                s13 = torch.full((E, 2 * -(-I // 128), -(-H // 128)), 4 / fmax / H**0.5, device=self.device)
+                s2 = torch.full((E, -(-H // 128), -(-I // 128)), 4 / fmax / I**0.5, device=self.device)
+            else:
+                block = None
+                s13 = torch.full((E, 2 * I), 4 / fmax / H**0.5, device=self.device)
+                s2 = torch.full((E, H), 4 / fmax / I**0.5, device=self.device)
+            self.scales = dict(w13_scale=s13, w2_scale=s2, block_size=block)
+        self.formats = expert_formats(self.w13, self.scales.get("w13_scale"), self.scales.get("w2_scale"),
+                                      self.scales.get("block_size"))
+        # tensor-core tiles of block-scaled weights stay within a block along K
+        self.max_block_k = 128 if self.scales.get("block_size") else 1 << 30
         self.smem = (torch.cuda.get_device_properties(self.device).shared_memory_per_block_optin
                      if self.device == "cuda" else 1 << 20)
         self.checked: dict[tuple, bool] = {}
@@ -163,8 +194,11 @@ class Tuner:
                 run = triton_grouped.fused_moe
             configs = (cfg, default) if projection == "gate_up" else (default, cfg)
             try:
-                out = run(x, self.w13, self.w2, weights, ids, *configs)
-                want = reference.fused_moe(x.float(), self.w13.float(), self.w2.float(), weights, ids)
+                out = run(x, self.w13, self.w2, weights, ids, *configs, **self.scales)
+                if self.scales:
+                    want = reference.fused_moe(x.float(), self.w13, self.w2, weights, ids, **self.scales)
+                else:
+                    want = reference.fused_moe(x.float(), self.w13.float(), self.w2.float(), weights, ids)
                 err = float((out.double() - want.double()).norm() / want.double().norm())
                 ok = err < CHECK_TOL
                 if not ok:
@@ -199,12 +233,15 @@ class Tuner:
         flat = [(w.reshape(-1).contiguous(), ids.reshape(-1).contiguous()) for w, ids in routings]
         x = torch.randn(T, self.H, device=self.device).to(self.dtype)
         default_gate_up = tuning.default_decode_config(T, self.H)
-        hs = [triton_decode.gate_up(x, self.w13, ids, self.top_k, default_gate_up) for _, ids in flat]
-        self.fastest("gate_up", "decode", T, decode_candidates(T, self.H, self.smem, self.quick, self.tiny),
-                     lambda cfg: [functools.partial(triton_decode.gate_up, x, self.w13, ids, self.top_k, cfg)
+        fmt13, fmt2 = self.formats
+        hs = [triton_decode.gate_up(x, self.w13, ids, self.top_k, default_gate_up, fmt13) for _, ids in flat]
+        self.fastest("gate_up", "decode", T,
+                     decode_candidates(T, self.H, self.smem, self.quick, self.tiny, max_block_k=self.max_block_k),
+                     lambda cfg: [functools.partial(triton_decode.gate_up, x, self.w13, ids, self.top_k, cfg, fmt13)
                                   for _, ids in flat])
-        self.fastest("down", "decode", T, decode_candidates(T, self.I, self.smem, self.quick, self.tiny, self.top_k),
-                     lambda cfg: [functools.partial(triton_decode.down, h, self.w2, ids, w, self.top_k, cfg)
+        self.fastest("down", "decode", T,
+                     decode_candidates(T, self.I, self.smem, self.quick, self.tiny, self.top_k, self.max_block_k),
+                     lambda cfg: [functools.partial(triton_decode.down, h, self.w2, ids, w, self.top_k, cfg, fmt2)
                                   for h, (w, ids) in zip(hs, flat)])
 
     def tune_grouped(self, T: int) -> None:
@@ -221,18 +258,21 @@ class Tuner:
         def aligned(block_m: int) -> list[tuple]:
             return [triton_grouped.align_by_expert(ids, self.E, block_m) for _, ids in routings]
 
+        fmt13, fmt2 = self.formats
+
         def calls(projection: str, cfg) -> list[Callable[[], object]]:
             if projection == "gate_up":
                 return [functools.partial(triton_grouped.grouped_gemm, x, self.w13, out, w.reshape(-1), layout,
-                                          P, self.top_k, True, cfg)
+                                          P, self.top_k, True, cfg, fmt13)
                         for out, (w, _), layout in zip(outs, routings, aligned(cfg.block_m))]
             return [functools.partial(triton_grouped.grouped_gemm, inter, self.w2, acc, w.reshape(-1), layout,
-                                      P, self.top_k, False, cfg)
+                                      P, self.top_k, False, cfg, fmt2)
                     for acc, (w, _), layout in zip(accs, routings, aligned(cfg.block_m))]
 
         for projection, (N, K) in self.projections().items():
             self.fastest(projection, "grouped", T,
-                         grouped_candidates(T, self.top_k, self.E, K, self.smem, self.quick, self.tiny),
+                         grouped_candidates(T, self.top_k, self.E, K, self.smem, self.quick, self.tiny,
+                                            self.max_block_k),
                          functools.partial(calls, projection))
         if T in self.best["gate_up"]["grouped"]:
             block_m = self.best["gate_up"]["grouped"][T][1].block_m
@@ -245,7 +285,9 @@ class Tuner:
 
         name = tuning.device_name(torch.device(self.device))
         for projection, (N, K) in self.projections().items():
-            path = out_dir / tuning.config_file(self.E, N, K, self.dtype, name)
+            # fp8 experts' files are their weights' dtype's (see tuning.py)
+            dtype = self.w13.dtype if self.scales else self.dtype
+            path = out_dir / tuning.config_file(self.E, N, K, dtype, name)
             data = json.loads(path.read_text()) if path.is_file() else {}
             for section, by_tokens in self.best[projection].items():
                 entries = data.setdefault(section, {})
@@ -282,6 +324,8 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="where the JSON files go (default: hotpath/ops/moe/configs)")
     parser.add_argument("--quick", action="store_true", help="a much smaller candidate space")
+    parser.add_argument("--fp8", choices=["block", "channel"], default=None,
+                        help="fp8 experts: 128x128 block scales (Qwen3-30B-A3B-FP8) or a scale per row")
     parser.add_argument("--tiny", action="store_true",
                         help="toy shape and candidates on the CPU under TRITON_INTERPRET=1: checks the script")
     args = parser.parse_args()
@@ -297,7 +341,7 @@ def main() -> None:
     tokens = TINY_TOKENS if args.tiny else sorted(args.tokens)
     for name, (E, H, I, top_k) in shapes.items():
         start = time.perf_counter()
-        tuner = Tuner(name, E, H, I, top_k, bench, args.quick)
+        tuner = Tuner(name, E, H, I, top_k, bench, args.quick, args.fp8)
         for T in tokens:
             if T <= triton_decode.MAX_TOKENS:
                 bench.section(f"{name} decode T={T}", functools.partial(tuner.tune_decode, T))
