@@ -76,9 +76,13 @@ from hotpath.ops.triton_utils import (
 # is bound by how many bytes each SM keeps in flight: 16 KB key tiles (64 keys of head_dim 128; with
 # two pipeline stages three programs' K/V tiles fit in an SM's shared memory) beat 32 KB ones, and
 # splitting the context until there are about four programs per SM beats two. Splits shorter than 64 tokens stop paying for their merge; once the batch
-# alone gives every SM a program, splitting only costs.
+# alone gives every SM a program, splitting only costs, up to LONG_CONTEXT: at batch 32 with 8K
+# contexts (256 programs) four splits took 321 us against 437 unsplit (H200, benchmarks/
+# decode_attention_sweep.py). An fp8 cache's tiles hold as many bytes (twice the keys): 498 us
+# against 564 for 64 keys.
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
+LONG_CONTEXT = 4096
 MAX_SPLITS = 128
 TILE_BYTES = 64 * 128 * 2
 # The merge reads at most this many fp32 partials per round: 64 registers a thread at 4 warps, a
@@ -493,10 +497,11 @@ def choose_num_splits(
     num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device
 ) -> int:
     """Enough splits to give every SM about PROGRAMS_PER_SM programs, none (at the longest
-    context) shorter than MIN_SPLIT_TOKENS; one split once the batch alone fills the SMs."""
+    context) shorter than MIN_SPLIT_TOKENS; one split once the batch alone fills the SMs, unless
+    the contexts reach LONG_CONTEXT."""
     programs = num_seqs * num_kv_heads
     num_sms = sm_count(device)
-    if programs >= num_sms:
+    if programs >= num_sms and max_context_len < LONG_CONTEXT:
         return 1
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
     return max(1, min(wanted, triton.cdiv(max_context_len, MIN_SPLIT_TOKENS), MAX_SPLITS))
@@ -556,7 +561,7 @@ def paged_attention(
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
     if block_n is None:
         block_n = choose_block_n(
-            head_dim_pad, q.element_size(), triton.cdiv(max_context_len, num_splits)
+            head_dim_pad, k_cache.element_size(), triton.cdiv(max_context_len, num_splits)
         )
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
