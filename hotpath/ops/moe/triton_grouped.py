@@ -33,7 +33,10 @@ arithmetic of the decode kernels and of the reference (x not quantized), so ever
 rounds alike. (An fp8 x fp8 path, x quantized per token and group as ops/quant's GEMM does,
 would halve the dot's operand bytes and double its rate where a large prefill is compute-bound;
 left out: weight bytes, which this path already halves, are what decode and mid-size batches
-wait on.)
+wait on.) The block path holds each partial dot beside the accumulator: at the default prefill
+tiles (64 x 128, 4 warps) sm_90 takes 209 / 222 registers for gate_up / down against the 16-bit
+path's 124 / 128 (compiled on the CPU, no spills; speed unmeasured, benchmarks/tune_moe.py --fp8
+block tries 8 warps too).
 Tile sizes come from hotpath.ops.moe.tuning (tuned JSON files, else a fixed rule; fp8 experts
 look theirs up under the weights' dtype).
 """
