@@ -7,7 +7,9 @@
 #   awq      Qwen2.5-Coder-32B AWQ int4 at batch 1 and 32 (and its float16 original at batch 1)
 #   moe      Qwen3-30B-A3B bf16, fp8 block, fp8 PTPC at batch 1 and 32
 #   kv       Qwen3-8B at batch 32 with 8K contexts, bf16 KV against fp8 KV
-# Usage: bash scripts/gpu_quant.sh [tests] [gemv] [dense] [awq] [moe] [kv]
+#   serve    Qwen2.5-Coder-32B AWQ through `hotpath serve`: ShareGPT prompts, 32 at a time (needs
+#            .whl/ and .gpu_assets/ carried, see scripts/gpu_serve_sharegpt.sh)
+# Usage: bash scripts/gpu_quant.sh [tests] [gemv] [dense] [awq] [moe] [kv] [serve]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hotpath-gpu}
@@ -47,4 +49,20 @@ if [[ $what == *" kv "* ]]; then
     timeout 200 $bench --preset qwen3-8b --kv-cache-dtype $kv --batch-size 32 --input-len 8192 \
       --output-len 32 --json "$OUT/latency_qwen3-8b_kv-$kv.json" 2>&1 | quiet
   done
+fi
+if [[ $what == *" serve "* ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=$PWD:/tmp/site HOTPATH_CACHE=/tmp/hotpath-cache
+  mkdir -p $HOTPATH_CACHE/datasets/sharegpt
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    .gpu_assets/sharegpt.json.xz $HOTPATH_CACHE/datasets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json
+  model=$(python3 -c "from hotpath.bench.presets import preset_dir; print(preset_dir('qwen2.5-coder-32b-awq'))")
+  python3 -m hotpath.cli serve --model "$model" --load-format dummy --tokenizer .whl/qwen3-tokenizer \
+    --port 8000 > "$OUT/server_awq.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 300); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
+  python3 -m hotpath.cli bench serve --base-url http://127.0.0.1:8000 --dataset sharegpt --num-prompts 96 \
+    --output-len 256 --max-concurrency 32 --num-warmup 8 --no-progress \
+    --output-json "$OUT/serve_awq_sharegpt.json" --label "H200, Qwen2.5-Coder-32B AWQ shape, 32 streams" 2>&1 | tail -14
+  kill -TERM $server; wait $server; echo "server exit code $?"
 fi

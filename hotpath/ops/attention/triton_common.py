@@ -49,6 +49,18 @@ def to_cache(
 
 
 @triton.jit
+def query_for_cache(q, k_cache_ptr):
+    """The query in the dtype the dots take: an fp8 cache's tiles convert to fp16 in one
+    instruction per two values (to bf16, which has no such conversion, in several), exactly either
+    way, so a bf16 query's dots run in fp16 (it converts exactly in fp16's normal range; p in
+    [0, 1] rounds finer than in bf16). Otherwise the query's own dtype."""
+    if k_cache_ptr.dtype.element_ty.is_fp8() and q.dtype == tl.bfloat16:
+        return q.to(tl.float16)
+    else:
+        return q
+
+
+@triton.jit
 def kv_out_scale(out, v_scale, v_cache_ptr):
     """out (fp32, a normalised sum of probabilities times cached values) times v_scale when the
     cache is fp8; unchanged otherwise."""
@@ -172,7 +184,8 @@ def attend_rows(
     PRECISION: tl.constexpr,
 ):
     """attend_tile for a tile whose cache rows are already known."""
-    # (an fp8 tile upcast to the query's dtype; a no-op for a cache of that dtype)
+    # (an fp8 tile upcast to the query's dtype, fp16 for fp8 caches: see query_for_cache; a no-op
+    # for a cache of the query's dtype)
     k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD).to(q.dtype)
     # values loaded with the keys, not after the scores: one memory round a tile where nothing
     # pipelines it (a decode split of one tile); this is the order measured in run E

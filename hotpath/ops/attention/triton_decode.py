@@ -61,6 +61,7 @@ from hotpath.ops.attention.triton_common import (
     kv_tile_blocks,
     next_power_of_2,
     prefetch_l2,
+    query_for_cache,
     to_cache,
 )
 from hotpath.ops.triton_utils import (
@@ -347,6 +348,7 @@ def _decode_split_kernel(
         # rows repeat them (and are never stored)
         q = tl.reshape(tl.broadcast_to(q[None, :, :], (BLOCK_M // Q_ROWS, Q_ROWS, HEAD_DIM_PAD)),
                        (BLOCK_M, HEAD_DIM_PAD))
+    q = query_for_cache(q, k_cache_ptr)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

@@ -22,6 +22,7 @@ from hotpath.ops.attention.triton_common import (
     dot_precision,
     kv_out_scale,
     next_power_of_2,
+    query_for_cache,
 )
 
 
@@ -76,6 +77,7 @@ def _prefill_kernel(
         mask=row_mask,
         other=0.0,
     )
+    q = query_for_cache(q, k_cache_ptr)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
