@@ -40,9 +40,10 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    split_k: int = 1  # programs along K (fp8 GEMM; their fp32 partials summed by a second launch)
 
 
-def choose_config(M: int, group_k: int, hip: bool, int4: bool = False, N: int = 0,
+def choose_config(M: int, group_k: int, hip: bool, int4: bool = False, N: int = 0, K: int = 0,
                   sm_count: int = 132) -> GemmConfig:
     """`group_k`: the widest K tile the scales allow (a block's or group's width). AMD's 64 KB of
     LDS holds two stages of 128 x 64 tiles. int4 tiles are 64 x 64: the unpacked nibbles of a
@@ -52,7 +53,8 @@ def choose_config(M: int, group_k: int, hip: bool, int4: bool = False, N: int = 
     decode batch sizes a tile of 16 rows (the weight is read once; gate_up at 32 rows in 32 us),
     128 columns wide where that makes a wave of programs, else 64 with a deeper pipeline (down:
     40 us against 48); prefills 128 x 128 x 128 on 8 warps, 4 stages (PTPC 814 TFLOP/s, block
-    524: the block scales multiply every step's dot)."""
+    524: the block scales multiply every step's dot). A long K with too few tiles for a wave (the
+    down projection at decode batch sizes) splits K in up to 4."""
     if int4:
         return GemmConfig(64 if M <= 64 else 128, 64, min(64, group_k), 8, 4 if M <= 64 else 8,
                           2 if hip else 3)
@@ -62,7 +64,10 @@ def choose_config(M: int, group_k: int, hip: bool, int4: bool = False, N: int = 
     if M <= 128:
         block_m = 16 if M <= 32 else 32 if M <= 64 else 64
         wide = triton.cdiv(M, block_m) * triton.cdiv(N, 128) >= sm_count
-        return GemmConfig(block_m, 128 if wide else 64, block_k, 8, 4, 4 if wide else 5)
+        block_n = 128 if wide else 64
+        programs = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+        split_k = min(triton.cdiv(2 * sm_count, programs), 4) if programs < sm_count and K >= 8192 else 1
+        return GemmConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 5, split_k)
     return GemmConfig(128, 128, block_k, 8, 8, 4)
 
 
@@ -98,10 +103,11 @@ def _fp8_gemm_kernel(
     w_ptr,  # [N, K] fp8
     w_scale_ptr,  # [N] fp32 (per channel) or [ceil(N / GROUP_N), ceil(K / GROUP_K)] (block)
     bias_ptr,  # [N] (HAS_BIAS)
-    out_ptr,  # [M, N]
+    out_ptr,  # [M, N]; with SPLIT_K > 1 fp32 partials [SPLIT_K, M, N], no bias
     M,
     N,
     K,
+    k_per_split,  # a multiple of BLOCK_K (K with SPLIT_K = 1)
     stride_am,
     stride_wn,
     stride_asm,
@@ -117,8 +123,10 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     IMPRECISE_ACC: tl.constexpr,  # the fp8 dot's max_num_imprecise_acc (None: the target's)
+    SPLIT_K: tl.constexpr,
 ):
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    k_start = tl.program_id(1) * k_per_split
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows past M / N read the last row again (never stored): the loads need no row mask
@@ -127,7 +135,7 @@ def _fp8_gemm_kernel(
     a_rows = a_ptr + rm_c[:, None] * stride_am
     w_rows = w_ptr + rn_c[:, None] * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             a = tl.load(a_rows + rk[None, :])
@@ -144,7 +152,27 @@ def _fp8_gemm_kernel(
             acc = tl.dot(a, tl.trans(w), acc, max_num_imprecise_acc=IMPRECISE_ACC)
     if not BLOCK_SCALED:
         acc *= tl.load(a_scale_ptr + rm_c)[:, None] * tl.load(w_scale_ptr + rn_c)[None, :]
-    _store_tile(out_ptr, bias_ptr, acc, rm, rn, M, N, stride_om, HAS_BIAS)
+    if SPLIT_K > 1:
+        _store_tile(out_ptr + tl.program_id(1).to(tl.int64) * M * N, bias_ptr, acc, rm, rn, M, N, N,
+                    False)
+    else:
+        _store_tile(out_ptr, bias_ptr, acc, rm, rn, M, N, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """out = the SPLIT_K partials [SPLIT_K, M, N] summed in split order (+ bias), a program per
+    BLOCK outputs of a row: the same sum whatever order the splits ran in."""
+    row = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = rn < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + (s * M + row).to(tl.int64) * N + rn, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -241,13 +269,17 @@ def fp8_gemm(
     if M == 0 or N == 0:
         return out
     hip = _is_hip(a.device)
-    cfg = config or choose_config(M, group_k, hip, N=N, sm_count=sm_count(a.device))
+    cfg = config or choose_config(M, group_k, hip, N=N, K=K, sm_count=sm_count(a.device))
     if block_size is not None and group_k % cfg.block_k:
         raise ValueError(f"a K tile of {cfg.block_k} spans two scale blocks of {group_k}")
     on_cuda = a.device.type == "cuda" and not hip
-    _fp8_gemm_kernel[_grid(M, N, cfg)](
-        a, a_scale, w.data, w.scale, bias if bias is not None else out, out,
-        M, N, K, a.stride(0), w.data.stride(0), a_scale.stride(0),
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
+    # fp32 partials [split_k, M, N] where K is split
+    target = out if cfg.split_k == 1 else torch.empty((cfg.split_k, M, N), dtype=torch.float32,
+                                                      device=a.device)
+    _fp8_gemm_kernel[(_grid(M, N, cfg)[0], cfg.split_k)](
+        a, a_scale, w.data, w.scale, bias if bias is not None else out, target,
+        M, N, K, k_per_split, a.stride(0), w.data.stride(0), a_scale.stride(0),
         w.scale.stride(0) if w.scale.dim() == 2 else 1, out.stride(0),
         BLOCK_SCALED=block_size is not None,
         GROUP_N=w.group_n,
@@ -259,9 +291,14 @@ def fp8_gemm(
         BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m,
         IMPRECISE_ACC=cfg.block_k if on_cuda else None,
+        SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if cfg.split_k > 1:
+        _sum_splits_kernel[(M, triton.cdiv(N, 1024))](
+            target, bias if bias is not None else out, out, M, N, out.stride(0),
+            SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4)
     return out
 
 
