@@ -16,7 +16,12 @@ from hotpath.layers.linear import Linear, UnquantizedLinearMethod
 from hotpath.layers.quant.detect import read_quant_config
 from hotpath.loader.model_loader import load_model
 from hotpath.models.registry import read_config
-from hotpath.ops.quant.reference import MIN_SCALE_FACTOR, dequantize_fp8, dequantize_int4
+from hotpath.ops.quant.reference import (
+    MIN_SCALE_FACTOR,
+    dequantize_fp8,
+    dequantize_int4,
+    dequantize_stored,
+)
 
 HIDDEN, HEADS, HEAD_DIM, KV_HEADS, INTER, LAYERS, VOCAB = 128, 8, 32, 4, 256, 2, 256
 LINEARS = {  # checkpoint module -> (out, in)
@@ -178,7 +183,7 @@ def test_awq_checkpoint_loads_exact(tmp_path, G):
             lin = model.model.layers[i].get_submodule(fused)
             N, K = lin.qweight.shape[0], lin.qweight.shape[1] * 8
             assert lin.qweight.dtype == torch.int32 and lin.qzeros.dtype == torch.uint8
-            assert lin.scales.shape == (N, K // G) and lin.g_idx is None
+            assert lin.scales.shape == (N, K // G) and lin.g_idx is None and lin.perm is None
             got = dequantize_int4(lin.qweight, lin.scales, lin.qzeros, G)
             assert torch.equal(got, fused_dense(dense, i, fused)), fused
 
@@ -211,9 +216,12 @@ def test_gptq_checkpoint_loads_exact(tmp_path, desc_act, fmt):
     for i in range(LAYERS):
         for fused in FUSED:
             lin = model.model.layers[i].get_submodule(fused)
-            assert (lin.g_idx is not None) == desc_act
+            assert (lin.g_idx is not None) == desc_act and (lin.perm is not None) == desc_act
             got = dequantize_int4(lin.qweight, lin.scales, lin.qzeros, G, lin.g_idx)
             assert torch.equal(got, fused_dense(dense, i, fused)), fused
+            if desc_act:  # what the kernels read: x's columns through perm, the stored weight
+                stored = dequantize_stored(lin.qweight, lin.scales, lin.qzeros, G)
+                assert torch.equal(stored, fused_dense(dense, i, fused)[:, lin.perm.long()]), fused
 
 
 def test_gptq_fused_projections_with_different_g_idx_are_refused(tmp_path):

@@ -34,19 +34,6 @@ def fp8_weight(N, K, block, device="cpu", seed=0):
     return w.to(device), s.to(device)
 
 
-def int4_weight(N, K, group, gidx, dtype=torch.float32, device="cpu", seed=0):
-    """qweight [N, K / 8], scales and zeros [N, groups], g_idx (a permutation of groups, as GPTQ's
-    desc_act leaves them) or None."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(-2**31, 2**31 - 1, (N, K // 8), generator=g, dtype=torch.int32)
-    groups = -(-K // group)
-    scales = (torch.rand(N, groups, generator=g) + 0.1) / 20
-    zeros = torch.randint(0, 16, (N, groups), generator=g, dtype=torch.uint8)
-    g_idx = (torch.randperm(K, generator=g) // group).int() if gidx else None
-    return (q.to(device), scales.to(device, dtype), zeros.to(device),
-            None if g_idx is None else g_idx.to(device))
-
-
 def activations(M, K, dtype=torch.float32, device="cpu", seed=1):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(M, K, generator=g) * 2).to(device, dtype)
@@ -62,7 +49,6 @@ def norm_inputs(M, K, dtype, device, seed=3):
 
 
 FP8_FORMATS = [None, (16, 64)]  # per-channel, and small blocks (the interpreter's shapes)
-INT4_FORMATS = [(32, False), (32, True)]  # (group, g_idx)
 
 
 # ---- activation quantization (interpreter: exact) ----------------------------------------------------
@@ -136,21 +122,10 @@ def test_interpreter_fp8_gemv(M, N, K, block, interpreter, poisoned):
     assert rel_err(got, reference.fp8_linear(x, w, s, block, b)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("group,gidx", INT4_FORMATS)
-@pytest.mark.parametrize("M,N,K", GEMV_SHAPES)
-def test_interpreter_int4_gemv(M, N, K, group, gidx, interpreter, poisoned):
-    from hotpath.ops.quant import triton_gemv
-
-    q, sc, z, g_idx = int4_weight(N, K, group, gidx)
-    x, b = activations(M, K), torch.randn(N)
-    got = triton_gemv.int4_linear(x, q, sc, z, group, g_idx, b)
-    assert rel_err(got, reference.int4_linear(x, q, sc, z, group, g_idx, b)) < TOL[torch.float32]
-
-
 @pytest.mark.parametrize("use_dot,block_k", [(False, 64), (True, 32)])
 @pytest.mark.parametrize("M", [1, 3])
 def test_interpreter_gemv_tiles_walk_k(M, use_dot, block_k, interpreter, poisoned):
-    """K walked in several tiles, the last one partly masked, in every weight format."""
+    """K walked in several tiles, the last one partly masked, in every fp8 format."""
     from hotpath.ops.quant import triton_gemv
 
     if not use_dot and M > triton_gemv.FMA_MAX_ROWS:
@@ -162,32 +137,21 @@ def test_interpreter_gemv_tiles_walk_k(M, use_dot, block_k, interpreter, poisone
         w, s = fp8_weight(N, K, block)
         got = triton_gemv.fp8_linear(x, w, s, block, config=cfg)
         assert rel_err(got, reference.fp8_linear(x, w, s, block)) < TOL[torch.float32]
-    for group, gidx in INT4_FORMATS:
-        q, sc, z, g_idx = int4_weight(N, K, group, gidx)
-        got = triton_gemv.int4_linear(x, q, sc, z, group, g_idx, config=cfg)
-        assert rel_err(got, reference.int4_linear(x, q, sc, z, group, g_idx)) < TOL[torch.float32]
 
 
 def check_fused_forms(M, N, K, dtype, device, tol):
     """rms= (plain and gated) and the residual epilogue, through the package's dispatch, against
-    the reference ops composed, for every weight format."""
+    the reference ops composed, for every fp8 format (int4: test_quant_int4.py)."""
     h, rms = norm_inputs(M, K, dtype, device)
     normed = linear_ref.rms_normalize(h, *rms)
     x = activations(M, K, dtype, device, seed=4)
-    for fmt in [("fp8", b) for b in FP8_FORMATS_FOR[device]] + [("int4", f) for f in INT4_FORMATS]:
-        if fmt[0] == "fp8":
-            w2, s2 = fp8_weight(2 * N, K, fmt[1], device)
-            w, s = fp8_weight(N, K, fmt[1], device, seed=5)
-            args2, args = (w2, s2, fmt[1]), (w, s, fmt[1])
-            lin, gated, resid = quant.fp8_linear, quant.fp8_linear_silu_and_mul, quant.fp8_linear_add_residual
-            ref = reference.fp8_linear
-        else:
-            group, gidx = fmt[1]
-            q2, sc2, z2, g2 = int4_weight(2 * N, K, group, gidx, dtype, device)
-            q, sc, z, g = int4_weight(N, K, group, gidx, dtype, device, seed=5)
-            args2, args = (q2, sc2, z2, group, g2), (q, sc, z, group, g)
-            lin, gated, resid = quant.int4_linear, quant.int4_linear_silu_and_mul, quant.int4_linear_add_residual
-            ref = reference.int4_linear
+    for block in FP8_FORMATS_FOR[device]:
+        fmt = ("fp8", block)
+        w2, s2 = fp8_weight(2 * N, K, block, device)
+        w, s = fp8_weight(N, K, block, device, seed=5)
+        args2, args = (w2, s2, block), (w, s, block)
+        lin, gated, resid = quant.fp8_linear, quant.fp8_linear_silu_and_mul, quant.fp8_linear_add_residual
+        ref = reference.fp8_linear
         assert quant.gemv_fuses(h)
         got = lin(h, *args2, rms=rms)
         assert rel_err(got, ref(normed, *args2)) < tol, fmt
@@ -230,17 +194,6 @@ def test_interpreter_fp8_gemm(M, N, K, block, interpreter, poisoned):
     assert rel_err(got, reference.fp8_linear(x, w, s, block, b)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("group,gidx", INT4_FORMATS)
-@pytest.mark.parametrize("M,N,K", [(17, 33, 96), (70, 50, 136)])
-def test_interpreter_int4_gemm(M, N, K, group, gidx, interpreter, poisoned):
-    from hotpath.ops.quant import triton_gemm
-
-    q, sc, z, g_idx = int4_weight(N, K, group, gidx)
-    x, b = activations(M, K), torch.randn(N)
-    got = triton_gemm.int4_linear(x, q, sc, z, group, g_idx, b, config=gemm_config())
-    assert rel_err(got, reference.int4_linear(x, q, sc, z, group, g_idx, b)) < TOL[torch.float32]
-
-
 def test_interpreter_fnuz_weights(interpreter, poisoned):
     """e4m3fnuz weights (gfx942's fp8, as fp8_e4m3fn_to_fnuz converts them): the GEMV and the
     GEMM, x quantized to e4m3fnuz too."""
@@ -274,14 +227,6 @@ def test_reference_dequantize():
     assert deq[3, 17] == w[3, 17].float() * s[1, 2]
     w, s = fp8_weight(5, 20, None)
     assert torch.equal(reference.dequantize_fp8(w, s.view(5, 1), None), w.float() * s[:, None])
-    q, sc, z, g_idx = int4_weight(3, 32, 8, True)
-    deq = reference.dequantize_int4(q, sc, z, 8, g_idx)
-    n, k = 2, 13
-    nib = (int(q[n, k // 8]) >> (4 * (k % 8))) & 0xF
-    g = int(g_idx[k])
-    assert deq[n, k] == (nib - int(z[n, g])) * sc[n, g]
-    assert torch.equal(reference.dequantize_int4(q, sc, z, 8)[n, k],
-                       (nib - z[n, k // 8].float()) * sc[n, k // 8])
 
 
 def test_reference_paths():
@@ -322,15 +267,12 @@ def test_dispatch(monkeypatch):
 
 
 def test_interpreter_dispatch_end_to_end(interpreter, poisoned):
-    """The package functions on either side of (FP8_)GEMV_MAX_ROWS, against the reference."""
+    """The package functions on either side of FP8_GEMV_MAX_ROWS, against the reference (int4:
+    test_quant_int4.py)."""
     w, s = fp8_weight(24, 128, None)
-    q, sc, z, _ = int4_weight(24, 128, 32, False)
     for M in (quant.FP8_GEMV_MAX_ROWS, quant.FP8_GEMV_MAX_ROWS + 1):
         x = activations(M, 128)
         assert rel_err(quant.fp8_linear(x, w, s, None), reference.fp8_linear(x, w, s, None)) < 1e-5
-    for M in (quant.GEMV_MAX_ROWS, quant.GEMV_MAX_ROWS + 1):
-        x = activations(M, 128)
-        assert rel_err(quant.int4_linear(x, q, sc, z, 32), reference.int4_linear(x, q, sc, z, 32)) < 1e-5
 
 
 def test_interpreter_rejects_bad_inputs(interpreter):
@@ -341,9 +283,6 @@ def test_interpreter_rejects_bad_inputs(interpreter):
         triton_gemv.fp8_linear(activations(1, 16), w, s, None)
     with pytest.raises(ValueError, match="block scales"):
         triton_gemv.fp8_linear(activations(1, 32), w, torch.ones(2, 2), (16, 32))
-    q, sc, z, _ = int4_weight(8, 96, 32, False)
-    with pytest.raises(ValueError, match="power of 2"):
-        triton_gemv.int4_linear(activations(1, 96), q, sc[:, :2], z[:, :2], 48)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------
@@ -369,18 +308,6 @@ def test_cuda_fp8_linear(M, N, K, block, dtype, gpu_triton, poisoned):
     x = activations(M, K, dtype, "cuda")
     b = torch.randn(N, device="cuda").to(dtype)
     assert rel_err(quant.fp8_linear(x, w, s, block, b), reference.fp8_linear(x, w, s, block, b)) < TOL[dtype]
-
-
-@cuda
-@pytest.mark.parametrize("dtype", GPU_DTYPES)
-@pytest.mark.parametrize("group,gidx", [(128, False), (128, True), (64, False)])
-@pytest.mark.parametrize("N,K", [s for s in GPU_SHAPES if s[1] % 128 == 0])
-@pytest.mark.parametrize("M", [1, 2, 7, 16, 64, 300])
-def test_cuda_int4_linear(M, N, K, group, gidx, dtype, gpu_triton, poisoned):
-    q, sc, z, g_idx = int4_weight(N, K, group, gidx, dtype, "cuda")
-    x = activations(M, K, dtype, "cuda")
-    want = reference.int4_linear(x, q, sc, z, group, g_idx)
-    assert rel_err(quant.int4_linear(x, q, sc, z, group, g_idx), want) < TOL[dtype]
 
 
 @cuda

@@ -8,7 +8,7 @@
     w[n, k] = (q[k, n] - zero[k // G, n]) * scale[k // G, n]
 
 Every output dimension is the second one (packed for qweight and qzeros), so fused projections
-stack along it. After loading, the tensors are repacked into the int4 layout (int4.py)."""
+stack along it. After loading, the tensors are repacked into the kernels' int4 layout (int4.py)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,20 @@ import torch
 
 from hotpath.layers.quant.base import QuantConfig, checkpoint_param
 from hotpath.layers.quant.ignore import IgnoreList
-from hotpath.layers.quant.int4 import AWQ_ORDER, Int4LinearMethod, pack_int4, unpack_int4
+from hotpath.layers.quant.int4 import AWQ_ORDER, Int4LinearMethod, to_int4_layout, unpack_int4
 from hotpath.ops.quant.reference import dequantize_int4
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
 
 
-def awq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+def awq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """AWQ's tensors -> (qweight [N, K/8], scales [N, K/G] in `dtype`, qzeros uint8 [N, K/G])."""
+    """AWQ's tensors -> (qweight [N, K/8] in the kernels' layout, scales [N, K/G] in `dtype`,
+    qzeros uint8 [N, K/G]); group_size: the effective one (K for -1)."""
     q = unpack_int4(qweight, AWQ_ORDER)  # [K, N]
     zeros = unpack_int4(qzeros, AWQ_ORDER)  # [K/G, N]
-    return pack_int4(q.T), scales.T.to(dtype), zeros.T.to(torch.uint8)
+    return to_int4_layout(q.T, zeros.T, scales.T, group_size, None, dtype)[:3]
 
 
 class AwqLinearMethod(Int4LinearMethod):
@@ -43,8 +44,8 @@ class AwqLinearMethod(Int4LinearMethod):
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         qweight, scales, qzeros = awq_to_int4(layer.qweight.data, layer.qzeros.data, layer.scales.data,
-                                              layer.scales.dtype)
-        self._set_internal(layer, qweight, scales, qzeros, None)
+                                              self.group_size, layer.scales.dtype)
+        self._set_internal(layer, qweight, scales, qzeros, None, None)
 
 
 class AwqConfig(QuantConfig):
@@ -62,8 +63,8 @@ class AwqConfig(QuantConfig):
         return self.ignore.skips(module_name, shard_names)
 
     def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        qweight, scales, qzeros = awq_to_int4(tensors["qweight"], tensors["qzeros"], tensors["scales"],
-                                              torch.float32)
-        K = qweight.shape[1] * 8
+        K = tensors["qweight"].shape[0]
         G = K if self.group_size == -1 else self.group_size
+        qweight, scales, qzeros = awq_to_int4(tensors["qweight"], tensors["qzeros"], tensors["scales"],
+                                              G, torch.float32)
         return dequantize_int4(qweight, scales, qzeros, G).to(dtype)

@@ -11,7 +11,8 @@ the default, or "gptq_v2"). Per linear, with K inputs, N outputs and G the group
     w[n, k] = (q[k, n] - zero[g_idx[k], n]) * scale[g_idx[k], n]
 
 Fused projections stack along the second dimension; they share their input, so their g_idx are
-the same (checked after loading). After loading, the tensors are repacked into the int4 layout."""
+the same (checked after loading). After loading, the tensors are repacked into the kernels' int4
+layout (int4.py), act-order's columns sorted by group."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hotpath.layers.quant.base import QuantConfig, checkpoint_param
-from hotpath.layers.quant.int4 import Int4LinearMethod, pack_int4, unpack_int4
+from hotpath.layers.quant.int4 import Int4LinearMethod, to_int4_layout, unpack_int4
 from hotpath.ops.quant.reference import dequantize_int4
 
 if TYPE_CHECKING:
@@ -32,9 +33,10 @@ CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
 def gptq_to_int4(
     qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
     group_size: int, v1_zeros: bool, dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """GPTQ's tensors -> (qweight [N, K/8], scales [N, K/G] in `dtype`, qzeros uint8 [N, K/G],
-    g_idx [K] or None where it is the plain k // G)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """GPTQ's tensors -> (qweight [N, K/8] in the kernels' layout, scales [N, K/G] in `dtype`,
+    qzeros uint8 [N, K/G], perm [K], g_idx [K]; the last two None where g_idx is the plain
+    k // G)."""
     zeros = unpack_int4(qzeros)  # [K/G, N]
     if v1_zeros:
         zeros = (zeros + 1) & 0xF  # v1 stored (zero - 1) & 0xF
@@ -44,8 +46,9 @@ def gptq_to_int4(
     if g_idx.shape != (K,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
         raise ValueError(f"g_idx must hold {K} group indices below {groups}")
     plain = torch.equal(g_idx, torch.arange(K, device=g_idx.device) // group_size)
-    # GPTQ's word w of column n packs rows 8w..8w+7, which is the int4 layout's word w of row n
-    return qweight.T, scales.T.to(dtype), zeros.T.to(torch.uint8), None if plain else g_idx
+    g_idx = None if plain else g_idx.to(torch.int32)
+    q = unpack_int4(qweight.T)  # [N, K]: word w of column n packs rows 8w..8w+7
+    return (*to_int4_layout(q, zeros.T, scales.T, group_size, g_idx, dtype), g_idx)
 
 
 class GptqLinearMethod(Int4LinearMethod):
@@ -90,7 +93,7 @@ class GptqConfig(QuantConfig):
     def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         K = tensors["qweight"].shape[0] * 8
         G = K if self.group_size == -1 else self.group_size
-        qweight, scales, qzeros, g_idx = gptq_to_int4(
+        qweight, scales, qzeros, _, g_idx = gptq_to_int4(
             tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], G,
             self.v1_zeros, torch.float32)
         return dequantize_int4(qweight, scales, qzeros, G, g_idx).to(dtype)

@@ -1,8 +1,9 @@
-"""What AWQ and GPTQ share: the int4 layout their kernels read, nibble packing, and running it.
+"""What AWQ and GPTQ share: the checkpoints' nibble packing, and the int4 layout the kernels read.
 
 After loading, both formats hold (see hotpath/ops/quant/reference.py): `qweight` int32 [N, K/8]
-(nibble j of word w = column 8w + j), `scales` [N, K/G] in the model dtype, `qzeros` uint8
-[N, K/G], `g_idx` int32 [K] or None."""
+in the kernels' interleaved layout (reference.pack_int4_layout), `scales` [N, K/G] in the model
+dtype, `qzeros` uint8 [N, K/G], and for GPTQ's act-order `g_idx` int32 [K] (the checkpoint's)
+with `perm` int32 [K] (reference.act_order_perm(g_idx): the stored column order), else None."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from hotpath.ops.quant import (
     int4_linear_add_residual,
     int4_linear_silu_and_mul,
 )
+from hotpath.ops.quant.reference import act_order_perm, pack_int4_layout
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
     from hotpath.ops.linear.reference import RmsInput
 
-SEQUENTIAL_ORDER = (0, 1, 2, 3, 4, 5, 6, 7)  # GPTQ's, and the kernels'
+SEQUENTIAL_ORDER = (0, 1, 2, 3, 4, 5, 6, 7)  # GPTQ's
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's GEMM layout: nibble i holds column 8w + AWQ_ORDER[i]
 
 
@@ -56,6 +58,18 @@ def effective_group_size(group_size: int, in_features: int) -> int:
     return in_features if group_size == -1 else group_size
 
 
+def to_int4_layout(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                   g_idx: torch.Tensor | None, dtype: torch.dtype,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """q [N, K] (0..15) in input column order, zeros and scales [N, K/G] -> the kernels' layout:
+    (qweight [N, K/8], scales in `dtype`, qzeros uint8, perm [K] or None). With g_idx (act-order)
+    the columns are sorted by group first."""
+    perm = None if g_idx is None else act_order_perm(g_idx, group_size)
+    if perm is not None:
+        q = q[:, perm.long()]
+    return pack_int4_layout(q, group_size), scales.to(dtype), zeros.to(torch.uint8), perm
+
+
 class Int4LinearMethod(LinearMethod):
     """Runs the int4 layout above; subclasses load their checkpoint layout and convert it."""
 
@@ -75,29 +89,32 @@ class Int4LinearMethod(LinearMethod):
         return G
 
     def _set_internal(self, layer: Linear, qweight: torch.Tensor, scales: torch.Tensor,
-                      qzeros: torch.Tensor, g_idx: torch.Tensor | None) -> None:
-        for name in ("qweight", "scales", "qzeros", "g_idx"):
+                      qzeros: torch.Tensor, perm: torch.Tensor | None,
+                      g_idx: torch.Tensor | None) -> None:
+        for name in ("qweight", "scales", "qzeros", "perm", "g_idx"):
             if hasattr(layer, name):
                 delattr(layer, name)
         replace_param(layer, "qweight", qweight.contiguous())  # [N, K/8] int32
         replace_param(layer, "scales", scales.contiguous())  # [N, K/G]
         replace_param(layer, "qzeros", qzeros.to(torch.uint8).contiguous())  # [N, K/G]
-        layer.g_idx = None if g_idx is None else torch.nn.Parameter(g_idx.to(torch.int32), requires_grad=False)
+        for name, t in (("perm", perm), ("g_idx", g_idx)):  # [K] int32 each, act-order only
+            setattr(layer, name, None if t is None else
+                    torch.nn.Parameter(t.to(torch.int32).contiguous(), requires_grad=False))
 
     def fuses(self, layer: Linear, x: torch.Tensor) -> bool:
         return gemv_fuses(x)
 
     def apply(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None,
               out_dtype: torch.dtype | None) -> torch.Tensor:
-        return int4_linear(x, layer.qweight, layer.scales, layer.qzeros, self.group_size, layer.g_idx,
+        return int4_linear(x, layer.qweight, layer.scales, layer.qzeros, self.group_size, layer.perm,
                            layer.bias, rms=rms, out_dtype=out_dtype)
 
     def apply_silu_and_mul(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None) -> torch.Tensor:
         assert layer.bias is None, "the fused gate_up projections have no bias"
         return int4_linear_silu_and_mul(x, layer.qweight, layer.scales, layer.qzeros, self.group_size,
-                                        layer.g_idx, rms=rms)
+                                        layer.perm, rms=rms)
 
     def apply_add_residual(self, layer: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         assert layer.bias is None, "the fused output projections have no bias"
         return int4_linear_add_residual(x, layer.qweight, layer.scales, layer.qzeros, self.group_size,
-                                        layer.g_idx, residual)
+                                        layer.perm, residual)

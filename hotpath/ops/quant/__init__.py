@@ -8,7 +8,8 @@ few-rows decode chain
 (`rms=` input, SiLU-and-mul, add-residual with the sums of squares; see hotpath.ops.linear), and
 `gemv_fuses(x)` says whether a call runs them as one kernel. More rows run a tensor-core GEMM:
 fp8 x fp8 with x quantized per token (per-channel weights, scales in the epilogue) or per token
-and 128-column group (block weights, scales in the main loop), or int4 dequantized to x's dtype.
+and 128-column group (block weights, scales in the main loop). int4 weights run triton_int4's
+tensor-core GEMV (with the same fused forms) and GEMM.
 """
 
 from __future__ import annotations
@@ -161,28 +162,30 @@ def fp8_linear_add_residual(
 
 
 # ---- int4 weights -------------------------------------------------------------------------------
+# The layout (reference.py): qweight in the kernels' interleaved order, `perm` the stored column
+# order under GPTQ's act-order (else None). Every row count runs triton_int4 on the tensor cores.
 def int4_linear(
     x: torch.Tensor,  # [..., K]
     qweight: torch.Tensor,  # [N, K / 8] int32
     scales: torch.Tensor,  # [N, K / G] model dtype
     qzeros: torch.Tensor,  # [N, K / G] uint8
     group_size: int,
-    g_idx: torch.Tensor | None = None,  # [K] int32
+    perm: torch.Tensor | None = None,  # [K] int32
     bias: torch.Tensor | None = None,  # [N]
     rms: RmsInput | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., N]
     """x @ W^T (+ bias) in x's dtype, W the dequantized int4 weight."""
     if backend.use_triton(x):
-        from hotpath.ops.quant import triton_gemm, triton_gemv
+        from hotpath.ops.quant import triton_int4
 
         if gemv_fuses(x):
-            return triton_gemv.int4_linear(x, qweight, scales, qzeros, group_size, g_idx, bias,
+            return triton_int4.int4_linear(x, qweight, scales, qzeros, group_size, perm, bias,
                                            rms=rms, out_dtype=out_dtype)
         if rms is None:
-            out = triton_gemm.int4_linear(x, qweight, scales, qzeros, group_size, g_idx, bias)
+            out = triton_int4.int4_gemm(x, qweight, scales, qzeros, group_size, perm, bias)
             return out if out_dtype is None else out.to(out_dtype)
-    return reference.int4_linear(x, qweight, scales, qzeros, group_size, g_idx, bias, rms,
+    return reference.int4_linear(x, qweight, scales, qzeros, group_size, perm, bias, rms,
                                  out_dtype)
 
 
@@ -192,15 +195,15 @@ def int4_linear_silu_and_mul(
     scales: torch.Tensor,
     qzeros: torch.Tensor,
     group_size: int,
-    g_idx: torch.Tensor | None = None,
+    perm: torch.Tensor | None = None,
     rms: RmsInput | None = None,
 ) -> torch.Tensor:  # [..., I]
     if gemv_fuses(x):
-        from hotpath.ops.quant import triton_gemv
+        from hotpath.ops.quant import triton_int4
 
-        return triton_gemv.int4_linear_silu_and_mul(x, qweight, scales, qzeros, group_size,
-                                                    g_idx, rms=rms)
-    return silu_and_mul(int4_linear(x, qweight, scales, qzeros, group_size, g_idx, rms=rms))
+        return triton_int4.int4_linear_silu_and_mul(x, qweight, scales, qzeros, group_size, perm,
+                                                    rms=rms)
+    return silu_and_mul(int4_linear(x, qweight, scales, qzeros, group_size, perm, rms=rms))
 
 
 def int4_linear_add_residual(
@@ -209,15 +212,15 @@ def int4_linear_add_residual(
     scales: torch.Tensor,
     qzeros: torch.Tensor,
     group_size: int,
-    g_idx: torch.Tensor | None,
+    perm: torch.Tensor | None,
     residual: torch.Tensor,  # [M, N], updated in place
 ) -> torch.Tensor:  # [T, M] fp32
     if gemv_fuses(x):
-        from hotpath.ops.quant import triton_gemv
+        from hotpath.ops.quant import triton_int4
 
-        return triton_gemv.int4_linear_add_residual(x, qweight, scales, qzeros, group_size,
-                                                    g_idx, residual)
-    return linear_ref.add_residual(int4_linear(x, qweight, scales, qzeros, group_size, g_idx),
+        return triton_int4.int4_linear_add_residual(x, qweight, scales, qzeros, group_size, perm,
+                                                    residual)
+    return linear_ref.add_residual(int4_linear(x, qweight, scales, qzeros, group_size, perm),
                                   residual)
 
 

@@ -6,10 +6,16 @@ Layouts (what the loaders convert every checkpoint format into):
   `scale` fp32 either per output channel, [N] (or [N, 1]), or per 128x128 block,
   [ceil(N / block_n), ceil(K / block_k)] with `block_size = (block_n, block_k)`:
   w[n, k] = weight[n, k] * scale[n // block_n, k // block_k].
-- int4 (AWQ, GPTQ): `qweight` int32 [N, K / 8], nibble j (bits 4j..4j+3) of word w holding column
-  k = 8w + j, unsigned 0..15; `scales` [N, K / G] in the model dtype; `qzeros` uint8 [N, K / G]
-  (integer zero points 0..15); `g_idx` int32 [K] or None (column k's group: g_idx[k], else k // G).
-  w[n, k] = (q[n, k] - qzeros[n, g]) * scales[n, g].
+- int4 (AWQ, GPTQ), the kernels' layout (hotpath/ops/quant/triton_int4.py says why):
+  `scales` [N, K / G] in the model dtype, `qzeros` uint8 [N, K / G] (integer zero points 0..15),
+  and `qweight` int32 [N, K / 8] holding the *stored* columns: the input columns in the order
+  `perm` int32 [K] gives (stored column c is input column perm[c]; None: the same order), stored
+  column c in group c // G. The stored columns are cut in superblocks of 8S (S =
+  int4_slice_width(K, G), a power of 2 dividing K / 8 and G: 16 for G <= 128), and nibble j
+  (bits 4j..4j+3) of word i of superblock b holds stored column 8Sb + jS + i, unsigned 0..15.
+  w[n, perm[c]] = (q[n, c] - qzeros[n, c // G]) * scales[n, c // G].
+  GPTQ's act-order `g_idx` [K] (input column k's group) becomes `perm = act_order_perm(g_idx)`,
+  the input columns sorted by group, so every group is G consecutive stored columns.
 
 Each function here is what the Triton kernel of the same name computes, rounding where it rounds:
 
@@ -17,8 +23,8 @@ Each function here is what the Triton kernel of the same name computes, rounding
 - the fp8 GEMM path (prefill) quantizes x to fp8 dynamically (per token for per-channel weights,
   per token and 128-column group for block weights), then multiplies the dequantized fp8 values
   in fp32;
-- int4 in fp32 on both paths (the kernels' tensor-core operand is the exact integer q - z, the
-  scale applied after the dot; see int4_linear for g_idx).
+- int4 in fp32 on both paths (the kernels' tensor-core operand is the exact integer q - z in
+  x's dtype, each group's scale applied to its dots' fp32 sum).
 """
 
 from __future__ import annotations
@@ -89,18 +95,74 @@ def fp8_e4m3fn_to_fnuz(
     return bits.view(torch.float8_e4m3fnuz), scale * 2
 
 
-def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:  # [N, K] int32, 0..15
-    """qweight int32 [N, K / 8] -> the nibbles, nibble j of word w at column 8w + j."""
+def int4_slice_width(K: int, group_size: int) -> int:
+    """S of the int4 layout: the largest power of 2 dividing both K / 8 and the group size, and
+    at most G / 8 (a superblock inside one group, so that the kernels scale once per superblock),
+    16 (the kernels' smallest dot) and 128. The kernels need S >= 16: K a multiple of 128, G of 16."""
+    if K % 8:
+        raise ValueError(f"int4 weights need in_features a multiple of 8, got {K}")
+    S = 128
+    while S > 1 and ((K // 8) % S or group_size % S or S > max(16, group_size // 8)):
+        S //= 2
+    return S
+
+
+def _layout_index(K: int, group_size: int, device) -> torch.Tensor:  # [K / 8, 8]
+    """[w, j] -> the stored column that nibble j of word w holds."""
+    S = int4_slice_width(K, group_size)
+    w = torch.arange(K // 8, device=device)
+    j = torch.arange(8, device=device)
+    return ((w // S) * 8 * S + w % S)[:, None] + j[None, :] * S
+
+
+def pack_int4_layout(q: torch.Tensor, group_size: int) -> torch.Tensor:  # [N, K / 8] int32
+    """q [N, K] integers 0..15, in stored column order -> qweight in the int4 layout."""
+    N, K = q.shape
+    nibbles = q.to(torch.int64)[:, _layout_index(K, group_size, q.device)] & 0xF  # [N, K/8, 8]
+    words = (nibbles << (4 * torch.arange(8, device=q.device))).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def unpack_int4_layout(qweight: torch.Tensor, group_size: int) -> torch.Tensor:  # [N, K] int32, 0..15
+    """qweight in the int4 layout -> its nibbles in stored column order."""
+    N, K = qweight.shape[0], qweight.shape[1] * 8
     shifts = 4 * torch.arange(8, dtype=torch.int32, device=qweight.device)
-    return ((qweight[:, :, None] >> shifts) & 0xF).reshape(qweight.shape[0], -1)
+    nibbles = (qweight[:, :, None] >> shifts) & 0xF  # [N, K/8, 8]
+    q = torch.empty((N, K), dtype=torch.int32, device=qweight.device)
+    q[:, _layout_index(K, group_size, qweight.device).reshape(-1)] = nibbles.reshape(N, K)
+    return q
 
 
-def group_index(K: int, group_size: int, g_idx: torch.Tensor | None, device) -> torch.Tensor:  # [K]
-    if g_idx is not None:
-        if g_idx.shape != (K,):
-            raise ValueError(f"g_idx must have shape ({K},), got {tuple(g_idx.shape)}")
-        return g_idx.long()
-    return torch.arange(K, device=device) // group_size
+def act_order_perm(g_idx: torch.Tensor, group_size: int) -> torch.Tensor:  # [K] int32
+    """GPTQ's g_idx (input column k's group) -> the input columns sorted by group (stably), which
+    must give each group exactly group_size columns."""
+    K = g_idx.shape[0]
+    counts = torch.bincount(g_idx.long(), minlength=K // group_size)
+    if K % group_size or counts.numel() != K // group_size or bool((counts != group_size).any()):
+        raise ValueError(f"g_idx must give each of the {K // group_size} groups exactly "
+                         f"{group_size} of the {K} columns")
+    return torch.sort(g_idx.long(), stable=True).indices.to(torch.int32)
+
+
+def check_int4_scales(scales: torch.Tensor, qzeros: torch.Tensor, N: int, K: int, group_size: int) -> None:
+    expected = (N, K // group_size)
+    if K % group_size or scales.shape != expected or qzeros.shape != expected or qzeros.dtype != torch.uint8:
+        raise ValueError(f"scales {tuple(scales.shape)} and qzeros ({qzeros.dtype}) {tuple(qzeros.shape)} "
+                         f"must both be {list(expected)}, qzeros uint8 ({K} columns in groups of {group_size})")
+
+
+def dequantize_stored(
+    qweight: torch.Tensor,  # [N, K / 8] int32
+    scales: torch.Tensor,  # [N, K / G] model dtype
+    qzeros: torch.Tensor,  # [N, K / G] uint8
+    group_size: int,  # -1: all of K
+) -> torch.Tensor:  # [N, K] fp32, in stored column order
+    N, K = qweight.shape[0], qweight.shape[1] * 8
+    G = K if group_size == -1 else group_size
+    check_int4_scales(scales, qzeros, N, K, G)
+    q = unpack_int4_layout(qweight, G)
+    g = torch.arange(K, device=q.device) // G
+    return (q - qzeros.long()[:, g]).float() * scales.float()[:, g]
 
 
 def dequantize_int4(
@@ -108,15 +170,17 @@ def dequantize_int4(
     scales: torch.Tensor,  # [N, K / G] model dtype
     qzeros: torch.Tensor,  # [N, K / G] uint8
     group_size: int,
-    g_idx: torch.Tensor | None = None,  # [K] int32
-) -> torch.Tensor:  # [N, K] fp32
-    q = unpack_int4(qweight)
-    N, K = q.shape
-    if scales.shape != qzeros.shape or scales.shape[0] != N:
-        raise ValueError(f"scales {tuple(scales.shape)} and qzeros {tuple(qzeros.shape)} must both "
-                         f"be [{N}, groups]")
-    g = group_index(K, group_size, g_idx, q.device)
-    return (q - qzeros.long()[:, g]).float() * scales.float()[:, g]
+    g_idx: torch.Tensor | None = None,  # [K]: GPTQ act-order's, which ordered the stored columns
+) -> torch.Tensor:  # [N, K] fp32, in input column order
+    w = dequantize_stored(qweight, scales, qzeros, group_size)
+    if g_idx is None:
+        return w
+    if g_idx.shape != (w.shape[1],):
+        raise ValueError(f"g_idx must have shape ({w.shape[1]},), got {tuple(g_idx.shape)}")
+    K = w.shape[1]
+    out = torch.empty_like(w)
+    out[:, act_order_perm(g_idx, K if group_size == -1 else group_size).long()] = w
+    return out
 
 
 # ---- dynamic activation quantization ------------------------------------------------------------
@@ -226,19 +290,24 @@ def int4_linear(
     scales: torch.Tensor,  # [N, K / G]
     qzeros: torch.Tensor,  # [N, K / G] uint8
     group_size: int,
-    g_idx: torch.Tensor | None = None,  # [K]
+    perm: torch.Tensor | None = None,  # [K]
     bias: torch.Tensor | None = None,  # [N]
     rms: RmsInput | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [..., N]
-    """x @ dequantize_int4(...)^T (+ bias), the weight dequantized in fp32 (the kernels multiply
-    the exact integers q - z and apply the scale after; with g_idx their tensor-core paths round
-    the dequantized weight to x's dtype, an error well inside a 16-bit dtype's own)."""
+    """x @ W^T (+ bias) in fp32, W dequantized in fp32: x's columns taken in the stored order
+    (through perm) times dequantize_stored(...)^T (the kernels multiply the exact integers
+    q - z in x's dtype and apply each group's scale to its sum; the same products, summed in
+    another order). `rms` (few rows only): x RMS-normalised first (see hotpath.ops.linear)."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     if rms is not None:
         x2 = linear_ref.rms_normalize(x2, *rms)
-    w = dequantize_int4(qweight, scales, qzeros, group_size, g_idx)
+    if perm is not None:
+        if perm.shape != (K,):
+            raise ValueError(f"perm must have shape ({K},), got {tuple(perm.shape)}")
+        x2 = x2[:, perm.long()]
+    w = dequantize_stored(qweight, scales, qzeros, group_size)
     out = _finish(x2.float() @ w.T, x, bias, out_dtype)
     return out.view(*x.shape[:-1], qweight.shape[0])
 

@@ -1,0 +1,600 @@
+"""Linear over int4 weights (AWQ, GPTQ) on the tensor cores, for every row count: a GEMV for a
+few rows (decode, 1..16, with the fused forms of hotpath.ops.linear) and a GEMM for more.
+
+Why tensor cores even at one row: a GEMV at HBM speed (4.2 TB/s) must consume ~8.4e12 nibbles a
+second, and an H200's fp32 lanes do ~3.3e13 simple operations a second, so an FMA path that spends
+four operations a nibble (shift, mask, convert, FMA) is bound by its ALUs well below the bandwidth.
+Here a nibble costs ~1.4 operations and the multiply-adds go to the tensor cores (x's rows padded
+to 16, the least a dot takes).
+
+The layout (reference.py has it in full): `qweight` int32 [N, K / 8] whose stored columns are cut
+in superblocks of 8S columns (S = reference.int4_slice_width(K, G): 16 for groups up to 128, so
+that a superblock lies inside one group; a power of 2 dividing both K / 8 and G), nibble j of word
+i of a superblock holding its column jS + i. So nibble j of a tile of W consecutive words (W
+dividing S) is a contiguous run of W columns of x, inside one quantization group. What a program does with a [BLOCK_N, W] word tile:
+
+- dequantizes it into 8 operands [BLOCK_N, W], nibble j minus its group's zero point, exact in
+  x's 16-bit dtype. On NVIDIA, inline PTX does two nibbles per 32-bit operation: the mask
+  0x000F000F picks nibbles j and j + 4 of the word (shifted by 4j) into the low mantissa bits of
+  two 16-bit halves, OR-ed with the exponent of 128 (bf16 0x4300: 128 + q exactly) or of 1024
+  (fp16 0x6400), and one packed FMA subtracts (magic + zero point): q - z, exact (shift, lop3, fma
+  per pair). Elsewhere (AMD, fp32 x, the interpreter) plain shifts, masks and a conversion;
+- multiplies each operand by its slice of x (acc[BLOCK_N, BLOCK_M] += operand @ x_slice^T), the
+  dots of one group chained, and multiplies the group's scale into their sum ([BLOCK_N] scales,
+  not one per weight element): the scale costs 16 / G operations a nibble. A slice per group
+  (S = G, as with groups of 32 where K / 8 allows it) would take an accumulator per slice:
+  ptxas spilled the GEMM's 128 x 128 tiles so, which is why S stays at G / 8 where it can;
+- GPTQ's act-order (g_idx) is a column permutation applied at load: the stored columns are the
+  input columns sorted by group, `perm` [K] says which input column each holds, and the GEMV
+  gathers x's columns through it (the GEMM permutes x once, beforehand).
+
+The GEMV (`_int4_gemv_kernel`): a program owns BLOCK_N output features (virtual rows: weight rows,
+or gate/up pairs with GATED) and one split of K, walks it in W-word tiles (pipelined through
+shared memory, num_stages), and ends with hotpath.ops.linear.triton_gemv's epilogue (`_store_out`:
+bias, silu(gate) * up, add into the residual with each tile's sums of squares), x RMS-normalised
+as it loads with `rms=` (`_normed_x`, `_rstd`). The first weight tile and its scales load before
+PDL's wait. A K split writes fp32 partials and the last program of an N tile to arrive (a counter
+bumped atomically) reduces them and runs the epilogue: one launch, capturable, no host sync.
+The GEMM (`_int4_gemm_kernel`): [BLOCK_N, BLOCK_M] output tiles (the weight as the dot's first
+operand, where Hopper's MMA takes it from registers), tiles grouped GROUP_M at a time for L2.
+
+Rounding: the products are those of the exact integers q - z with x as it is (16-bit, or fp32
+with "ieee" dots), accumulated in fp32 per group and scaled in fp32; the reference dequantizes in
+fp32 and multiplies in fp32, so the two differ by summation order only. Tiles come from
+`choose_gemv_config` / `choose_gemm_config`, fixed rules of the shape (not measured yet; see
+benchmarks/bench_quant_gemv.py --sweep).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hotpath.ops.linear.reference import RmsInput
+from hotpath.ops.linear.triton_gemv import (
+    DOT_BLOCK_M,
+    MAX_SPLIT_TILES,
+    _normed_x,
+    _rstd,
+    _store_out,
+    split_for,
+)
+from hotpath.ops.quant import reference
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    sm_count,
+    zeroed_counters,
+)
+
+# the kernels' dots take at least 16 columns of a slice
+MIN_SLICE = 16
+# programs per SM the GEMV's K split aims at
+GEMV_PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class Int4GemvConfig:
+    block_n: int  # virtual rows per program
+    block_w: int  # words (8 columns each) per tile along K, dividing the slice width
+    split_k: int  # programs along K (1: no split)
+    num_warps: int
+    num_stages: int
+    asm: bool | None = None  # the PTX dequantization (None: on NVIDIA GPUs; see _use_asm)
+
+
+@dataclass(frozen=True)
+class Int4GemmConfig:
+    block_m: int  # x rows per program
+    block_n: int  # weight rows per program
+    block_w: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    asm: bool | None = None
+
+
+def choose_gemv_config(M: int, rows: int, K: int, slice_width: int,
+                       device: torch.device) -> Int4GemvConfig:
+    """Tiles for M <= 16 rows of a [rows, K] weight (not measured yet): 64 rows x 16 words (4 KB;
+    116 registers a thread on sm_90, Triton 3.9, where 32 x 64 and 16 x 64 took 238-255 and
+    spilled), 4 stages in flight, K split until there are GEMV_PROGRAMS_PER_SM programs an SM.
+    Every row count takes the same tile: the dot pads x to 16 rows anyway."""
+    block_w, block_n = MIN_SLICE, 64
+    split = split_for(triton.cdiv(rows, block_n), K // 8, block_w, device, GEMV_PROGRAMS_PER_SM)
+    return Int4GemvConfig(block_n, block_w, split, 4, 4)
+
+
+def choose_gemm_config(M: int, slice_width: int, device: torch.device) -> Int4GemmConfig:
+    """Tiles for more rows (not measured yet): 128 weight rows x 128 (64) x rows, 16-word tiles
+    (8 slices of 16 columns: 32 KB of x and 8 KB of words a stage at 128 x 128; 208 registers
+    a thread on sm_90 at S = 16, no spills)."""
+    hip = device.type == "cuda" and torch.version.hip is not None
+    stages = 2 if hip else 3
+    if M <= 64:
+        return Int4GemmConfig(64, 128, MIN_SLICE, 8, 4, stages)
+    return Int4GemmConfig(128, 128, MIN_SLICE, 8, 8, stages)
+
+
+# ---- dequantization ------------------------------------------------------------------------------
+# Nibbles (j, j + 4) of a word shifted right by 4j, masked into two 16-bit halves with the magic
+# exponent OR-ed in (lop3: (a & b) | c), then one packed FMA: x * 1 + (-(magic + zero)). $8 is the
+# word, $9..$12 the negated (magic + zero) pairs of nibbles (0, 4), (1, 5), (2, 6), (3, 7).
+_DEQUANT_PTX = """
+{
+.reg .b32 p<4>, t<3>, one;
+mov.b32 one, ONE;
+lop3.b32 p0, $8, 0x000F000F, MAGIC, 0xEA;
+shr.u32 t0, $8, 4;
+lop3.b32 p1, t0, 0x000F000F, MAGIC, 0xEA;
+shr.u32 t1, $8, 8;
+lop3.b32 p2, t1, 0x000F000F, MAGIC, 0xEA;
+shr.u32 t2, $8, 12;
+lop3.b32 p3, t2, 0x000F000F, MAGIC, 0xEA;
+FMA p0, p0, one, $9;
+FMA p1, p1, one, $10;
+FMA p2, p2, one, $11;
+FMA p3, p3, one, $12;
+mov.b32 {$0, $4}, p0;
+mov.b32 {$1, $5}, p1;
+mov.b32 {$2, $6}, p2;
+mov.b32 {$3, $7}, p3;
+}
+"""
+_PTX_BF16: tl.constexpr = tl.constexpr(_DEQUANT_PTX.replace("ONE", "0x3F803F80")
+                                       .replace("MAGIC", "0x43004300").replace("FMA", "fma.rn.bf16x2"))
+_PTX_F16: tl.constexpr = tl.constexpr(_DEQUANT_PTX.replace("ONE", "0x3C003C00")
+                                      .replace("MAGIC", "0x64006400").replace("FMA", "fma.rn.f16x2"))
+# 0x80008000 as an int32: flips the sign of both halves
+_SIGNS: tl.constexpr = tl.constexpr(-0x7FFF8000)
+
+
+@triton.jit
+def _slice_col(u0, j: tl.constexpr, SLICE: tl.constexpr):
+    """The stored column of nibble j of word u0 (the first word of a tile)."""
+    return (u0 // SLICE) * (8 * SLICE) + j * SLICE + u0 % SLICE
+
+
+@triton.jit
+def _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE: tl.constexpr, GROUP: tl.constexpr):
+    """The scales (fp32) and zero points (int32) of the tile at word u0, for rows at offsets
+    s_rows [R] of the scale and zero arrays: tuples of 8 [R], slice j's group's (slices of one
+    group share one load)."""
+    JPG: tl.constexpr = min(8, GROUP // SLICE)  # consecutive slices in one group
+    ss = ()
+    zs = ()
+    for j in tl.static_range(8):
+        if j % JPG == 0:
+            g = _slice_col(u0, j, SLICE) // GROUP
+            s = tl.load(scale_ptr + s_rows + g).to(tl.float32)
+            z = tl.load(zero_ptr + s_rows + g).to(tl.int32)
+        ss = ss + (s,)
+        zs = zs + (z,)
+    return ss, zs
+
+
+@triton.jit
+def _dequant(words, zs, DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
+    """int32 words [R, W] -> 8 operands [R, W] in DTYPE: nibble j minus zs[j] ([R] int32), exact."""
+    q = ()
+    if USE_ASM:
+        if DTYPE == tl.float16:
+            magic: tl.constexpr = 0x6400
+        else:
+            magic: tl.constexpr = 0x4300
+        nz = ()
+        for k in tl.static_range(4):
+            lo = zs[k] | magic
+            hi = zs[k + 4] | magic
+            nz = nz + (((lo | (hi << 16)) ^ _SIGNS)[:, None],)
+        out = tl.inline_asm_elementwise(
+            _PTX_F16 if DTYPE == tl.float16 else _PTX_BF16,
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r",
+            [words, nz[0], nz[1], nz[2], nz[3]],
+            dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+        for j in tl.static_range(8):
+            q = q + (out[j].to(DTYPE, bitcast=True),)
+    else:
+        for j in tl.static_range(8):
+            q = q + ((((words >> (4 * j)) & 0xF) - zs[j][:, None]).to(DTYPE),)
+    return q
+
+
+@triton.jit
+def _tile_dots(q, ss, xs, acc, SLICE: tl.constexpr, GROUP: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    """acc [R, C] += sum over slices j of ss[j] * (q[j] [R, W] @ xs[j] [W, C]), the dots of one
+    group chained before its scale."""
+    JPG: tl.constexpr = min(8, GROUP // SLICE)
+    for b in tl.static_range(8 // JPG):
+        part = tl.dot(q[b * JPG], xs[b * JPG], input_precision=DOT_PRECISION)
+        for i in tl.static_range(1, JPG):
+            part = tl.dot(q[b * JPG + i], xs[b * JPG + i], part, input_precision=DOT_PRECISION)
+        acc += part * ss[b * JPG][:, None]
+    return acc
+
+
+@triton.jit
+def _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u0, rm,
+              SLICE: tl.constexpr, HAS_PERM: tl.constexpr, NORM_INPUT: tl.constexpr,
+              BLOCK_W: tl.constexpr):
+    """x's columns under the tile at word u0, a slice per nibble: 8 x [BLOCK_W, BLOCK_M], rows
+    past M zero; gathered through perm, RMS-normalised as they load (NORM_INPUT)."""
+    xs = ()
+    for j in tl.static_range(8):
+        rk = _slice_col(u0, j, SLICE) + tl.arange(0, BLOCK_W)
+        if HAS_PERM:
+            rk = tl.load(perm_ptr + rk)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None], other=0.0)
+        if NORM_INPUT:
+            x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, True)
+        xs = xs + (tl.trans(x),)
+    return xs
+
+
+# ---- the GEMV (few rows) --------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["M", "N"])
+def _int4_gemv_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # int32 [rows, K / 8]; rows = N (2N = [gate | up] with GATED)
+    scale_ptr,  # [rows, K / G]
+    zero_ptr,  # uint8 [rows, K / G]
+    perm_ptr,  # int32 [K] (HAS_PERM)
+    bias_ptr,  # [N] (HAS_BIAS)
+    out_ptr,  # [M, N]; with RESIDUAL the residual stream, updated in place
+    partial_ptr,  # [split, M, rows] fp32 (SPLIT)
+    counter_ptr,  # [>= n tiles] int32, zero between calls (SPLIT)
+    norm_w_ptr,  # [K] (NORM_INPUT)
+    stat_in_ptr,  # [n_stat_in, M] fp32 (NORM_INPUT)
+    n_stat_in,
+    eps,
+    stat_ptr,  # [n_tiles, M] fp32 (RESIDUAL)
+    M,
+    N,  # output features
+    K,
+    w_per_split,  # words of K a split takes, a multiple of BLOCK_W
+    stride_xm,
+    stride_wn,
+    stride_sn,  # the scales' (and zeros') row stride
+    stride_om,
+    SLICE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    NORM_INPUT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    SPLIT: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    W_EVICT: tl.constexpr,
+):
+    pdl_launch_dependents(USE_PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:
+        rows_total = 2 * N
+        w_row = tl.minimum(rv // 2, N - 1) + (rv % 2) * N
+    else:
+        rows_total = N
+        # rows past N read row N - 1 (never stored): no row mask on the weight loads
+        w_row = tl.minimum(rv, N - 1)
+    w_rows = w_ptr + w_row.to(tl.int64)[:, None] * stride_wn
+    s_rows = w_row.to(tl.int64) * stride_sn
+    rm = tl.arange(0, BLOCK_M)
+    rw = tl.arange(0, BLOCK_W)
+    dtype = x_ptr.dtype.element_ty
+    u_start = pid_k * w_per_split
+    u_end = tl.minimum(u_start + w_per_split, K // 8)
+    # the weights and their scales are not written by any kernel: the first tile loads before
+    # the wait
+    words = tl.load(w_rows + (u_start + rw)[None, :], eviction_policy=W_EVICT)
+    ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u_start, SLICE, GROUP)
+    pdl_wait(USE_PDL)
+    rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 64)[:, None] if NORM_INPUT else 1.0
+    xs = _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u_start, rm, SLICE,
+                   HAS_PERM, NORM_INPUT, BLOCK_W)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc = _tile_dots(_dequant(words, zs, dtype, USE_ASM), ss, xs, acc, SLICE, GROUP, DOT_PRECISION)
+    for u0 in range(u_start + BLOCK_W, u_end, BLOCK_W):
+        words = tl.load(w_rows + (u0 + rw)[None, :], eviction_policy=W_EVICT)
+        ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE, GROUP)
+        xs = _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u0, rm, SLICE,
+                       HAS_PERM, NORM_INPUT, BLOCK_W)
+        acc = _tile_dots(_dequant(words, zs, dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
+                         DOT_PRECISION)
+    if SPLIT:
+        out_mask = (rv < rows_total)[:, None] & (rm < M)[None, :]
+        offsets = rm[None, :] * rows_total + rv[:, None]
+        tl.store(partial_ptr + pid_k * M * rows_total + offsets, acc, mask=out_mask)
+        # every thread's partial is stored before the (one-thread, acq_rel) atomic publishes it
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        num_splits = tl.num_programs(1)
+        if arrived == num_splits - 1:
+            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(0, num_splits):
+                # .cg: from L2, where the other programs' stores are
+                total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask,
+                                 other=0.0, cache_modifier=".cg")
+            tl.store(counter_ptr + pid_n, 0)
+            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                       GATED, RESIDUAL, dtype, BLOCK_N)
+    else:
+        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                   GATED, RESIDUAL, dtype, BLOCK_N)
+
+
+# ---- the GEMM (more rows) -------------------------------------------------------------------------
+@triton.jit
+def _int4_gemm_kernel(
+    x_ptr,  # [M, K], columns in the weight's stored order (permuted beforehand)
+    w_ptr,  # int32 [N, K / 8]
+    scale_ptr,  # [N, K / G]
+    zero_ptr,  # uint8 [N, K / G]
+    bias_ptr,  # [N] (HAS_BIAS)
+    out_ptr,  # [M, N]
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_om,
+    SLICE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_rows
+    pid_n = (pid % in_group) // group_rows
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows past M / N read the last row again (never stored): the loads need no row mask
+    rm_c = tl.minimum(rm, M - 1)
+    rn_c = tl.minimum(rn, N - 1).to(tl.int64)
+    w_rows = w_ptr + rn_c[:, None] * stride_wn
+    s_rows = rn_c * stride_sn
+    rw = tl.arange(0, BLOCK_W)
+    dtype = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for u0 in range(0, K // 8, BLOCK_W):
+        words = tl.load(w_rows + (u0 + rw)[None, :])
+        ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE, GROUP)
+        xs = _x_slices(x_ptr, stride_xm, M, K, x_ptr, x_ptr, 1.0, u0, rm_c, SLICE, False, False,
+                       BLOCK_W)
+        acc = _tile_dots(_dequant(words, zs, dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
+                         DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+    mask = (rn < N)[:, None] & (rm < M)[None, :]
+    tl.store(out_ptr + rm.to(tl.int64)[None, :] * stride_om + rn[:, None],
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- host side ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Weight:
+    """An int4 weight as the kernels read it."""
+    data: torch.Tensor  # int32 [rows, K / 8]
+    scales: torch.Tensor  # [rows, K / G]
+    zeros: torch.Tensor  # uint8 [rows, K / G]
+    perm: torch.Tensor | None  # int32 [K]
+    group: int
+    slice_width: int
+    rows: int
+    K: int
+
+
+def int4_weight(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, group_size: int,
+                perm: torch.Tensor | None) -> _Weight:
+    rows, K = qweight.shape[0], 8 * qweight.shape[1]
+    if qweight.dtype != torch.int32 or qweight.stride(1) != 1:
+        raise ValueError("qweight must be a row-major int32 [N, K / 8]")
+    G = K if group_size == -1 else group_size
+    S = reference.int4_slice_width(K, G)
+    if S < MIN_SLICE:
+        raise ValueError(f"the Triton int4 kernels need in_features a multiple of {8 * MIN_SLICE} "
+                         f"and a group size that is a multiple of {MIN_SLICE}; got {K} and {G}")
+    reference.check_int4_scales(scales, qzeros, rows, K, G)
+    if perm is not None:
+        if perm.shape != (K,):
+            raise ValueError(f"perm must have shape ({K},), got {tuple(perm.shape)}")
+        perm = perm.to(torch.int32).contiguous()
+    return _Weight(qweight, scales.contiguous(), qzeros.contiguous(), perm, G, S, rows, K)
+
+
+def _use_asm(x: torch.Tensor, asm: bool | None) -> bool:
+    """The PTX dequantization, for 16-bit x only: on NVIDIA GPUs (not ROCm's "cuda" devices)
+    where the config leaves it to the device (None), or where it asks for it (True: compiling
+    for an NVIDIA target from another device)."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or asm is False:
+        return False
+    return asm or (x.device.type == "cuda" and torch.version.hip is None)
+
+
+def _check_config(w: _Weight, block_w: int) -> None:
+    if block_w < MIN_SLICE or w.slice_width % block_w:
+        raise ValueError(f"a tile of {block_w} words must divide the slice width {w.slice_width} "
+                         f"and be at least {MIN_SLICE}")
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    return zeroed_counters("int4 gemv split-K", MAX_SPLIT_TILES, device)
+
+
+def _launch_gemv(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None,
+                 config: Int4GemvConfig | None, gated: bool = False, rms: RmsInput | None = None,
+                 residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    K = x.shape[-1]
+    rows = w.rows
+    N = rows // 2 if gated else rows
+    if w.K != K:
+        raise ValueError(f"x has {K} features but the weight has {w.K}")
+    if gated and rows % 2:
+        raise ValueError(f"a [gate | up] weight needs an even number of rows, got {rows}")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    if M > DOT_BLOCK_M:
+        raise ValueError(f"the int4 GEMV takes at most {DOT_BLOCK_M} rows, got {M}")
+    if residual is not None:
+        if residual.shape != (M, N) or residual.stride(-1) != 1:
+            raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{M}, {N}]")
+        out = residual
+    else:
+        out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)  # [M, N]
+    if M == 0 or N == 0:
+        assert residual is None and rms is None, "the fused forms are for real projections"
+        out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
+        return out.view(*x.shape[:-1], N), None
+    cfg = config or choose_gemv_config(M, rows, K, w.slice_width, x.device)
+    _check_config(w, cfg.block_w)
+    assert cfg.block_n % 2 == 0 or not gated
+    n_tiles = triton.cdiv(rows, cfg.block_n)
+    tiles = K // 8 // cfg.block_w
+    w_per_split = triton.cdiv(tiles, max(1, min(cfg.split_k, tiles))) * cfg.block_w
+    split = triton.cdiv(K // 8, w_per_split)
+    partial = out
+    if split > 1:
+        if n_tiles > MAX_SPLIT_TILES:
+            raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
+        partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
+    stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
+    if rms is not None:
+        stat_in, norm_w, eps = rms
+        if stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
+            raise ValueError(f"rms statistic must be fp32 [T, {M}], got {stat_in.dtype} {tuple(stat_in.shape)}")
+        stat_in = stat_in.contiguous()
+    else:
+        stat_in, norm_w, eps = out, out, 0.0
+    use_pdl = pdl_enabled(x.device)
+    _int4_gemv_kernel[(n_tiles, split)](
+        x2, w.data, w.scales, w.zeros, w.perm if w.perm is not None else w.data,
+        bias if bias is not None else out, out, partial, _counters(x.device), norm_w, stat_in,
+        stat_in.shape[0], eps, stat if stat is not None else out,
+        M, N, K, w_per_split, x2.stride(0), w.data.stride(0), w.scales.stride(0), out.stride(0),
+        SLICE=w.slice_width,
+        GROUP=w.group,
+        HAS_PERM=w.perm is not None,
+        HAS_BIAS=bias is not None,
+        GATED=gated,
+        NORM_INPUT=rms is not None,
+        RESIDUAL=residual is not None,
+        SPLIT=split > 1,
+        USE_ASM=_use_asm(x, cfg.asm),
+        USE_PDL=use_pdl,
+        BLOCK_M=DOT_BLOCK_M,
+        BLOCK_N=cfg.block_n,
+        BLOCK_W=cfg.block_w,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
+        # a decode step reads each weight once: evicted first, keeping the caches for the rest
+        W_EVICT="evict_first",
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl_launch(use_pdl),
+    )
+    return out.view(*x.shape[:-1], N), stat
+
+
+# ---- the ops (the package's dispatch: the GEMV up to GEMV_MAX_ROWS rows, the GEMM beyond) ------
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
+                group_size: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                rms: RmsInput | None = None, out_dtype: torch.dtype | None = None,
+                config: Int4GemvConfig | None = None) -> torch.Tensor:  # [..., N]
+    """The GEMV: x @ W^T (+ bias) for up to 16 rows of x."""
+    return _launch_gemv(x, int4_weight(qweight, scales, qzeros, group_size, perm), bias, config,
+                        rms=rms, out_dtype=out_dtype)[0]
+
+
+def int4_linear_silu_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                             qzeros: torch.Tensor, group_size: int, perm: torch.Tensor | None = None,
+                             rms: RmsInput | None = None,
+                             config: Int4GemvConfig | None = None) -> torch.Tensor:  # [..., N / 2]
+    return _launch_gemv(x, int4_weight(qweight, scales, qzeros, group_size, perm), None, config,
+                        gated=True, rms=rms)[0]
+
+
+def int4_linear_add_residual(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                             qzeros: torch.Tensor, group_size: int, perm: torch.Tensor | None,
+                             residual: torch.Tensor,
+                             config: Int4GemvConfig | None = None) -> torch.Tensor:  # [T, M] fp32
+    return _launch_gemv(x, int4_weight(qweight, scales, qzeros, group_size, perm), None, config,
+                        residual=residual)[1]
+
+
+def int4_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
+              group_size: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+              config: Int4GemmConfig | None = None) -> torch.Tensor:  # [..., N]
+    """The GEMM: x @ W^T (+ bias) for any number of rows (x permuted first under act-order)."""
+    w = int4_weight(qweight, scales, qzeros, group_size, perm)
+    K = x.shape[-1]
+    if K != w.K:
+        raise ValueError(f"x has {K} features but the weight has {w.K}")
+    N = w.rows
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
+    x2 = x.reshape(-1, K)
+    if w.perm is not None:
+        x2 = x2.index_select(1, w.perm)  # [M, K] in the stored order
+    elif x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)  # [M, N]
+    if M > 0 and N > 0:
+        cfg = config or choose_gemm_config(M, w.slice_width, x.device)
+        _check_config(w, cfg.block_w)
+        grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+        _int4_gemm_kernel[grid](
+            x2, w.data, w.scales, w.zeros, bias if bias is not None else out, out,
+            M, N, K, x2.stride(0), w.data.stride(0), w.scales.stride(0), out.stride(0),
+            SLICE=w.slice_width,
+            GROUP=w.group,
+            HAS_BIAS=bias is not None,
+            USE_ASM=_use_asm(x, cfg.asm),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_W=cfg.block_w,
+            GROUP_M=cfg.group_m,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+    return out.view(*x.shape[:-1], N)
+
+
+__all__ = [
+    "Int4GemmConfig",
+    "Int4GemvConfig",
+    "choose_gemm_config",
+    "choose_gemv_config",
+    "int4_gemm",
+    "int4_linear",
+    "int4_linear_add_residual",
+    "int4_linear_silu_and_mul",
+]
