@@ -9,6 +9,13 @@ the bandwidth a GEMV must approach), TFLOP/s for the 8192-row GEMMs, and the dev
 bandwidth measured in the same run (bytes read + written).
 
     python benchmarks/bench_quant_gemv.py --out $OUT     # writes $OUT/bench_quant_gemv.json
+
+int4 weights are random words in the kernels' layout (hotpath/ops/quant/reference.py; any words
+are valid). --sweep times candidate tiles of the int4 GEMV (1 and 16 rows) and GEMM (8192 rows)
+at Qwen3-8B's and Qwen2.5-Coder-32B's shapes instead (writes $OUT/bench_int4_sweep.json), for
+choosing triton_int4's choose_gemv_config / choose_gemm_config rules:
+
+    python benchmarks/bench_quant_gemv.py --sweep --out $OUT
 """
 
 from __future__ import annotations
@@ -81,11 +88,95 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / ms / 1e6
 
 
+# Qwen2.5-Coder-32B's projections (qkv, o, gate_up, down)
+SHAPES_32B = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (55296, 5120), "down": (5120, 27648)}
+
+
+def gemv_candidates(rows: int, N: int, K: int, device: torch.device) -> list:
+    from hotpath.ops.linear.triton_gemv import split_for
+    from hotpath.ops.quant.triton_int4 import Int4GemvConfig
+
+    out = []
+    for block_n in (32, 64, 128):
+        splits = sorted({1, *(split_for(triton.cdiv(N, block_n), K // 8, 16, device, p) for p in (2, 4))})
+        for warps in (4, 8):
+            for stages in (3, 5):
+                for split in splits:
+                    out.append(Int4GemvConfig(block_n, 16, split, warps, stages))
+    # the portable dequantization against the PTX one, at the default rule's tiles
+    out.append(None)
+    return out
+
+
+def gemm_candidates() -> list:
+    from hotpath.ops.quant.triton_int4 import Int4GemmConfig
+
+    return [Int4GemmConfig(bm, bn, 16, 8, w, st) for bm, bn, w, st in
+            [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 128, 8, 2),
+             (128, 128, 8, 4), (256, 128, 8, 3), (128, 256, 8, 3)]]
+
+
+def sweep(out_dir: str) -> None:
+    """Times int4 GEMV / GEMM tile candidates (AWQ-like: groups of 128, no act-order; the GEMV
+    also with act-order's gather at the default tiles); each checked against the reference."""
+    from dataclasses import asdict, replace
+
+    from hotpath.ops.quant import triton_int4
+
+    device = torch.device("cuda")
+    result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+              "torch": torch.__version__, "triton": triton.__version__, "cases": []}
+    for model, shapes in (("qwen3-8b", SHAPES), ("qwen2.5-coder-32b", SHAPES_32B)):
+        for proj, (N, K) in shapes.items():
+            g = torch.Generator(device).manual_seed(N + K)
+            qweight = torch.randint(-2**31, 2**31 - 1, (N, K // 8), generator=g, device=device, dtype=torch.int32)
+            scales = (torch.rand(N, K // GROUP, generator=g, device=device) / 100).to(torch.bfloat16)
+            zeros = torch.randint(0, 16, (N, K // GROUP), generator=g, device=device, dtype=torch.uint8)
+            perm = torch.randperm(K, generator=g, device=device).to(torch.int32)
+            nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
+            for rows in (1, 16, 8192):
+                x = torch.randn(rows, K, device=device, dtype=torch.bfloat16)
+                want = {p: reference.int4_linear(x, qweight, scales, zeros, GROUP, p).double()
+                        for p in (None, perm)} if rows < 8192 else \
+                    {None: reference.int4_linear(x[:256], qweight, scales, zeros, GROUP).double()}
+                if rows <= quant.GEMV_MAX_ROWS:
+                    default = triton_int4.choose_gemv_config(rows, N, K, 16, device)
+                    cands = [(c or replace(default, asm=False), None) for c in gemv_candidates(rows, N, K, device)]
+                    cands += [(default, perm)]
+                    op = lambda c, p: triton_int4.int4_linear(x, qweight, scales, zeros, GROUP, p, config=c)  # noqa: E731
+                else:
+                    default = triton_int4.choose_gemm_config(rows, 16, device)
+                    cands = [(c, None) for c in gemm_candidates()]
+                    op = lambda c, p: triton_int4.int4_gemm(x, qweight, scales, zeros, GROUP, p, config=c)  # noqa: E731
+                for cfg, p in cands:
+                    case = {"model": model, "proj": proj, "N": N, "K": K, "rows": rows,
+                            "config": asdict(cfg), "act_order": p is not None, "default": cfg == default}
+                    try:
+                        got = op(cfg, p).double()
+                        ref = want[p]
+                        case["rel_err"] = float(((got[:256] if rows == 8192 else got) - ref).norm() / ref.norm())
+                        us = time_us(lambda: op(cfg, p), rows)
+                        case.update(us=us, GBps=nbytes / us / 1e3, TFLOPs=2 * rows * N * K / us / 1e6)
+                    except Exception as e:  # a config that does not compile or fit
+                        case["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    result["cases"].append(case)
+                    print(json.dumps(case), flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "bench_int4_sweep.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--sweep", action="store_true", help="time int4 tile candidates instead")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
+    if args.sweep:
+        sweep(args.out)
+        return
     device = "cuda"
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "triton": triton.__version__,
