@@ -12,10 +12,11 @@ bandwidth measured in the same run (bytes read + written).
 
 int4 weights are random words in the kernels' layout (hotpath/ops/quant/reference.py; any words
 are valid). --sweep times candidate tiles of the int4 GEMV (1 and 16 rows) and GEMM (8192 rows)
-at Qwen3-8B's and Qwen2.5-Coder-32B's shapes instead (writes $OUT/bench_int4_sweep.json), for
-choosing triton_int4's choose_gemv_config / choose_gemm_config rules:
+at Qwen3-8B's and Qwen2.5-Coder-32B's shapes instead (each case appended to
+$OUT/bench_int4_sweep.jsonl as it is timed, so a run cut short keeps what it measured), for
+choosing triton_int4's choose_gemv_config / choose_gemm_config rules; --models picks the shapes:
 
-    python benchmarks/bench_quant_gemv.py --sweep --out $OUT
+    python benchmarks/bench_quant_gemv.py --sweep --models qwen3-8b --out $OUT
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def gemm_candidates() -> list:
              (128, 128, 8, 4), (256, 128, 8, 3), (128, 256, 8, 3)]]
 
 
-def sweep(out_dir: str) -> None:
+def sweep(out_dir: str, models: list[str]) -> None:
     """Times int4 GEMV / GEMM tile candidates (AWQ-like: groups of 128, no act-order; the GEMV
     also with act-order's gather at the default tiles); each checked against the reference."""
     from dataclasses import asdict, replace
@@ -124,9 +125,14 @@ def sweep(out_dir: str) -> None:
     from hotpath.ops.quant import triton_int4
 
     device = torch.device("cuda")
-    result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-              "torch": torch.__version__, "triton": triton.__version__, "cases": []}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "bench_int4_sweep.jsonl")
+    log = open(path, "a")
+    log.write(json.dumps({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+                          "torch": torch.__version__, "triton": triton.__version__}) + "\n")
     for model, shapes in (("qwen3-8b", SHAPES), ("qwen2.5-coder-32b", SHAPES_32B)):
+        if model not in models:
+            continue
         for proj, (N, K) in shapes.items():
             g = torch.Generator(device).manual_seed(N + K)
             qweight = torch.randint(-2**31, 2**31 - 1, (N, K // 8), generator=g, device=device, dtype=torch.int32)
@@ -159,12 +165,15 @@ def sweep(out_dir: str) -> None:
                         case.update(us=us, GBps=nbytes / us / 1e3, TFLOPs=2 * rows * N * K / us / 1e6)
                     except Exception as e:  # a config that does not compile or fit
                         case["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    result["cases"].append(case)
-                    print(json.dumps(case), flush=True)
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "bench_int4_sweep.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+                    log.write(json.dumps(case) + "\n")
+                    log.flush()
+                    if "error" in case:
+                        print(f"{model} {proj} {rows} {cfg}: {case['error'][:120]}", flush=True)
+                    else:
+                        print(f"{model} {proj:8} {rows:5d} {case['us']:8.1f} us {case['GBps']:6.0f} GB/s "
+                              f"{case['TFLOPs']:6.1f} TF/s {case['rel_err']:.1e} {cfg}"
+                              f"{' perm' if p is not None else ''}{' *' if case['default'] else ''}", flush=True)
+    log.close()
     print(f"wrote {path}")
 
 
@@ -172,10 +181,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--sweep", action="store_true", help="time int4 tile candidates instead")
+    parser.add_argument("--models", nargs="+", default=["qwen3-8b", "qwen2.5-coder-32b"],
+                        help="the sweep's shapes: qwen3-8b, qwen2.5-coder-32b")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
     if args.sweep:
-        sweep(args.out)
+        sweep(args.out, args.models)
         return
     device = "cuda"
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
