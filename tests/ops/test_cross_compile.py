@@ -332,22 +332,43 @@ def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
             quant.fp8_linear_silu_and_mul(e(rows, H), e(2 * I, H, dtype=f8), s_up, bs, rms=rms)
             step[0] = f"{run.name}/quant-{name}-b{rows}-down"
             quant.fp8_linear_add_residual(e(rows, I), e(H, I, dtype=f8), s_down, bs, e(rows, H))
-        for name, g_idx in (("awq", None), ("gptq-act-order", e(H, dtype=torch.int32))):
+        for name, perm in (("awq", None), ("gptq-act-order", e(H, dtype=torch.int32))):
             step[0] = f"{run.name}/quant-{name}-b{rows}-gate_up"
             quant.int4_linear_silu_and_mul(e(rows, H), e(2 * I, H // 8, dtype=torch.int32),
                                            e(2 * I, H // 128), e(2 * I, H // 128, dtype=torch.uint8),
-                                           128, g_idx, rms=rms)
+                                           128, perm, rms=rms)
             step[0] = f"{run.name}/quant-{name}-b{rows}-o_bias"
             quant.int4_linear(e(rows, H), e(H, H // 8, dtype=torch.int32), e(H, H // 128),
-                              e(H, H // 128, dtype=torch.uint8), 128, g_idx, bias=e(H))
+                              e(H, H // 128, dtype=torch.uint8), 128, perm, bias=e(H))
+        step[0] = f"{run.name}/quant-awq-g32-b{rows}-down"
+        quant.int4_linear_add_residual(e(rows, I), e(H, I // 8, dtype=torch.int32), e(H, I // 32),
+                                       e(H, I // 32, dtype=torch.uint8), 32, None, e(rows, H))
     for rows in (64, 1512):
         for name, (s_up, _, bs) in fp8.items():
             step[0] = f"{run.name}/quant-{name}-prefill{rows}"
             quant.fp8_linear(e(rows, H), e(2 * I, H, dtype=f8), s_up, bs)
-        for name, g_idx in (("awq", None), ("gptq-act-order", e(H, dtype=torch.int32))):
+        for name, perm in (("awq", None), ("gptq-act-order", e(H, dtype=torch.int32))):
             step[0] = f"{run.name}/quant-{name}-prefill{rows}"
             quant.int4_linear(e(rows, H), e(H, H // 8, dtype=torch.int32), e(H, H // 128),
-                              e(H, H // 128, dtype=torch.uint8), 128, g_idx)
+                              e(H, H // 128, dtype=torch.uint8), 128, perm)
+    if target.target.backend == "cuda":
+        # the int4 kernels' PTX dequantization, which the host picks on NVIDIA GPUs only (not on
+        # meta tensors), in bf16 and fp16
+        from dataclasses import replace
+
+        from hotpath.ops.quant import triton_int4
+
+        for dtype in (torch.bfloat16, torch.float16):
+            w = (e(2 * I, H // 8, dtype=torch.int32), e(2 * I, H // 128, dtype=dtype),
+                 e(2 * I, H // 128, dtype=torch.uint8), 128)
+            for rows in (1, 16):
+                step[0] = f"{run.name}/quant-awq-ptx-{dtype}-b{rows}-gate_up"
+                cfg = triton_int4.choose_gemv_config(rows, 2 * I, H, 16, META)
+                triton_int4.int4_linear_silu_and_mul(e(rows, H, dtype=dtype), *w, None, rms=None,
+                                                     config=replace(cfg, asm=True))
+            step[0] = f"{run.name}/quant-awq-ptx-{dtype}-prefill1512"
+            triton_int4.int4_gemm(e(1512, H, dtype=dtype), *w,
+                                  config=replace(triton_int4.choose_gemm_config(1512, 16, META), asm=True))
     step[0] = f"{run.name}/quant-norm"
     quant.fused_add_rms_norm_fp8(e(1512, H), e(1512, H), e(H), 1e-6, f8)
 
