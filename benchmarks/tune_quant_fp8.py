@@ -1,7 +1,8 @@
 """Candidate tiles of the fp8 linear kernels at Qwen3-8B's projection shapes, timed on one GPU, to
-pick hotpath.ops.quant's config rules: the weight-only GEMV (triton_gemv, 1 to 64 rows: FMA tiles
-at 1 row, tensor-core tiles above) and the fp8 x fp8 GEMM (triton_gemm, with the activation
-quantization it needs), for per-channel (PTPC) and 128x128-block weights. Each candidate is
+pick hotpath.ops.quant's config rules: the weight-only GEMV (triton_gemv, 1-2 rows) and the fp8 x
+fp8 GEMM (triton_gemm, with the activation quantization it needs), for per-channel (PTPC) and
+128x128-block weights. (Run S also timed a weight-only tensor-core GEMV at 32 rows, since
+removed: 43 us against the GEMM's 32 for gate_up.) Each candidate is
 checked against the reference first; times are medians of CUDA-graph replays (20 calls a graph).
 
     python benchmarks/tune_quant_fp8.py --out $OUT     # writes $OUT/tune_quant_fp8.json
@@ -19,6 +20,7 @@ import torch
 import triton
 
 from hotpath.ops.quant import reference, triton_gemm, triton_gemv
+from hotpath.ops.quant.reference import FP8_GEMV_MAX_ROWS
 from hotpath.ops.quant.triton_gemm import GemmConfig
 from hotpath.ops.quant.triton_gemv import QuantGemvConfig
 
@@ -50,17 +52,8 @@ def graph_us(fn) -> float:
     return triton.testing.do_bench(graph.replay, warmup=30, rep=200, return_mode="median") * 1e3 / 20
 
 
-def gemv_candidates(M: int, block: bool) -> list[QuantGemvConfig]:
-    if M == 1:
-        return [QuantGemvConfig(bn, bk, nw, 1, False)
-                for bn, bk, nw in itertools.product((8, 16, 32), (2048, 4096), (4, 8))]
-    out = []
-    bm = max(16, triton.next_power_of_2(M))
-    for bn, bk, st, nw in itertools.product((16, 32, 64), (128, 256), (3, 4), (4,)):
-        if block and bk > 128:
-            continue
-        out.append(QuantGemvConfig(bn, bk, nw, st, True, bm))
-    return out
+def gemv_candidates() -> list[QuantGemvConfig]:
+    return [QuantGemvConfig(bn, bk, nw) for bn, bk, nw in itertools.product((8, 16, 32), (2048, 4096), (4, 8))]
 
 
 def gemm_candidates(M: int) -> list[GemmConfig]:
@@ -82,10 +75,10 @@ def main() -> None:
             nbytes = w.numel() + s.numel() * 4
             want = reference.fp8_linear(x, w, s, bs).float()
             kinds = []
-            if M <= 64:
+            if M <= FP8_GEMV_MAX_ROWS:
                 kinds += [("gemv", c, lambda c=c: triton_gemv.fp8_linear(x, w, s, bs, config=c))
-                          for c in gemv_candidates(M, bs is not None)]
-            if M >= 16:
+                          for c in gemv_candidates()]
+            else:
                 kinds += [("gemm", c, lambda c=c: triton_gemm.fp8_linear(x, w, s, bs, config=c))
                           for c in gemm_candidates(M)]
             best = {}

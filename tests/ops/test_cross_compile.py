@@ -309,10 +309,11 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
 
 
 def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
-    """hotpath.ops.quant (no layer calls it yet), once, at Qwen3-8B's gate_up / down shapes: the
-    GEMV's fused forms at the decode batches in each weight format, the GEMMs and activation
+    """hotpath.ops.quant, once, at Qwen3-8B's gate_up / down shapes: the GEMVs' fused forms at the
+    decode batches in each weight format, the fp8 GEMM at decode batches, the GEMMs and activation
     quantization at a prefill. The fp8 dtype is the target's (e4m3fnuz on gfx942)."""
     from hotpath.ops import quant
+    from hotpath.ops.quant import triton_gemm
 
     if run.name != "qwen3-8b":
         return
@@ -325,13 +326,23 @@ def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
     fp8 = {"ptpc": (e(2 * I, dtype=torch.float32), e(H, dtype=torch.float32), None),
            "block": (e(2 * I // 128, H // 128, dtype=torch.float32),
                      e(H // 128, I // 128, dtype=torch.float32), block)}
-    for rows in DECODE_BATCHES[:3] + (16,):
+    for rows in range(1, quant.FP8_GEMV_MAX_ROWS + 1):  # the fp8 GEMV's fused forms
         rms = (e(2, rows, dtype=torch.float32), e(H), 1e-6)
         for name, (s_up, s_down, bs) in fp8.items():
             step[0] = f"{run.name}/quant-{name}-b{rows}-gate_up"
             quant.fp8_linear_silu_and_mul(e(rows, H), e(2 * I, H, dtype=f8), s_up, bs, rms=rms)
             step[0] = f"{run.name}/quant-{name}-b{rows}-down"
             quant.fp8_linear_add_residual(e(rows, I), e(H, I, dtype=f8), s_down, bs, e(rows, H))
+    for rows in (16, 32):  # decode batches' fp8 GEMM tiles, the down projection's split K
+        for name, (s_up, s_down, bs) in fp8.items():
+            step[0] = f"{run.name}/quant-{name}-b{rows}-gate_up"
+            quant.fp8_linear(e(rows, H), e(2 * I, H, dtype=f8), s_up, bs)
+            step[0] = f"{run.name}/quant-{name}-b{rows}-down"
+            # the tiles and K split an H200's 132 SMs get (meta tensors count 4)
+            config = triton_gemm.choose_config(rows, 128, target.target.backend == "hip", N=H, K=I)
+            triton_gemm.fp8_linear(e(rows, I), e(H, I, dtype=f8), s_down, bs, config=config)
+    for rows in DECODE_BATCHES[:3] + (16,):
+        rms = (e(2, rows, dtype=torch.float32), e(H), 1e-6)
         for name, perm in (("awq", None), ("gptq-act-order", e(H, dtype=torch.int32))):
             step[0] = f"{run.name}/quant-{name}-b{rows}-gate_up"
             quant.int4_linear_silu_and_mul(e(rows, H), e(2 * I, H // 8, dtype=torch.int32),

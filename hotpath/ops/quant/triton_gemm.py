@@ -1,4 +1,4 @@
-"""Linear for many rows (prefill) over quantized weights, on the tensor cores.
+"""Linear for three rows or more (prefill, decode batches) over fp8 weights, on the tensor cores.
 
 - `_fp8_gemm_kernel`: out = (a_fp8 * a_scale) @ (w_fp8 * w_scale)^T (+ bias), the activations
   quantized before (triton_quant: per token, or per token and 128-column group). A program owns a
@@ -8,14 +8,9 @@
   BLOCK_K, as the fp8 MMA accumulates in fewer bits), the token and channel scales multiplied in
   the epilogue. Block weights: BLOCK_K lies within one scale block, so each step's dot is scaled
   by its token-group scales and its weight block's scales as it is added (the main loop).
-- `_int4_gemm_kernel`: out = x @ W^T (+ bias), x in its 16-bit dtype; each weight tile is
-  unpacked from int32 words in registers and dequantized before the dot: without g_idx the
-  operand is the exact integer q - z and the group's scales multiply the dot's result (BLOCK_K
-  within one group); with g_idx each element's scale and zero are gathered and the dequantized
-  weight is rounded to x's dtype.
 
-Tiles are a fixed rule of M (no autotuning: the kernels compile once per shape class and are
-capturable); they have not been tuned on a GPU yet.
+Tiles are a fixed rule of the shape (no autotuning: the kernels compile once per shape class and
+are capturable), from an H200 sweep (benchmarks/tune_quant_fp8.py).
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ import triton.language as tl
 
 from hotpath.ops.quant import triton_quant
 from hotpath.ops.quant.reference import BlockSize
-from hotpath.ops.quant.triton_gemv import _nibbles, fp8_weight, int4_weight
+from hotpath.ops.quant.triton_gemv import fp8_weight
 from hotpath.ops.triton_utils import sm_count
 
 
@@ -43,11 +38,10 @@ class GemmConfig:
     split_k: int = 1  # programs along K (fp8 GEMM; their fp32 partials summed by a second launch)
 
 
-def choose_config(M: int, group_k: int, hip: bool, int4: bool = False, N: int = 0, K: int = 0,
+def choose_config(M: int, group_k: int, hip: bool, N: int = 0, K: int = 0,
                   sm_count: int = 132) -> GemmConfig:
-    """`group_k`: the widest K tile the scales allow (a block's or group's width). AMD's 64 KB of
-    LDS holds two stages of 128 x 64 tiles. int4 tiles are 64 x 64: the unpacked nibbles of a
-    128 x 128 weight tile spilled on sm90 (936 bytes a thread).
+    """`group_k`: the widest K tile the scales allow (a block's width). AMD's 64 KB of LDS holds
+    two stages of 128 x 64 tiles.
 
     fp8 on NVIDIA, measured on an H200 at Qwen3-8B's shapes (benchmarks/tune_quant_fp8.py): at
     decode batch sizes a tile of 16 rows (the weight is read once; gate_up at 32 rows in 32 us),
@@ -55,9 +49,6 @@ def choose_config(M: int, group_k: int, hip: bool, int4: bool = False, N: int = 
     40 us against 48); prefills 128 x 128 x 128 on 8 warps, 4 stages (PTPC 814 TFLOP/s, block
     524: the block scales multiply every step's dot). A long K with too few tiles for a wave (the
     down projection at decode batch sizes) splits K in up to 4."""
-    if int4:
-        return GemmConfig(64 if M <= 64 else 128, 64, min(64, group_k), 8, 4 if M <= 64 else 8,
-                          2 if hip else 3)
     block_k = min(128 if not hip else 64, group_k)
     if hip:
         return GemmConfig(64, 128, block_k, 8, 4, 2) if M <= 64 else GemmConfig(128, 128, block_k, 8, 8, 2)
@@ -175,68 +166,6 @@ def _sum_splits_kernel(part_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl
     tl.store(out_ptr + row.to(tl.int64) * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _int4_gemm_kernel(
-    x_ptr,  # [M, K] 16-bit (fp32 in the interpreter tests)
-    w_ptr,  # [N, K / 8] int32
-    scale_ptr,  # [N, groups] x's dtype
-    zero_ptr,  # [N, groups] uint8
-    gidx_ptr,  # [K] int32 (HAS_GIDX)
-    bias_ptr,  # [N] (HAS_BIAS)
-    out_ptr,  # [M, N]
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_om,
-    GROUP: tl.constexpr,  # columns per group (without g_idx), a multiple of BLOCK_K
-    HAS_GIDX: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm_c = tl.minimum(rm, M - 1).to(tl.int64)
-    rn_c = tl.minimum(rn, N - 1).to(tl.int64)
-    x_rows = x_ptr + rm_c[:, None] * stride_xm
-    w_rows = w_ptr + rn_c[:, None] * stride_wn
-    dtype = x_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        rw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        if EVEN_K:
-            x = tl.load(x_rows + rk[None, :])
-            words = tl.load(w_rows + rw[None, :])
-        else:
-            x = tl.load(x_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
-            words = tl.load(w_rows + rw[None, :], mask=(rw < K // 8)[None, :], other=0)
-        q = _nibbles(words)  # [BLOCK_N, BLOCK_K / 8, 8]
-        if HAS_GIDX:
-            rk3 = k0 + tl.arange(0, BLOCK_K // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
-            g = tl.load(gidx_ptr + rk3, mask=rk3 < K, other=0)
-            offs = rn_c[:, None, None] * stride_sn + g[None, :, :]
-            s = tl.load(scale_ptr + offs).to(tl.float32)
-            z = tl.load(zero_ptr + offs).to(tl.float32)
-            w = tl.reshape((q - z) * s, (BLOCK_N, BLOCK_K)).to(dtype)
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        else:
-            offs = rn_c * stride_sn + k0 // GROUP
-            s = tl.load(scale_ptr + offs).to(tl.float32)
-            z = tl.load(zero_ptr + offs).to(tl.float32)
-            w = tl.reshape(q - z[:, None, None], (BLOCK_N, BLOCK_K)).to(dtype)
-            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION) * s[None, :]
-    _store_tile(out_ptr, bias_ptr, acc, rm, rn, M, N, stride_om, HAS_BIAS)
-
-
 def _grid(M: int, N: int, cfg: GemmConfig) -> tuple[int]:
     return (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
 
@@ -322,49 +251,4 @@ def fp8_linear(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def int4_linear(
-    x: torch.Tensor,  # [..., K]
-    qweight: torch.Tensor,  # [N, K / 8] int32
-    scales: torch.Tensor,  # [N, groups]
-    qzeros: torch.Tensor,  # [N, groups] uint8
-    group_size: int,
-    g_idx: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    config: GemmConfig | None = None,
-) -> torch.Tensor:  # [..., N]
-    w = int4_weight(qweight, scales, qzeros, group_size, g_idx)
-    K = x.shape[-1]
-    if K != w.K:
-        raise ValueError(f"x has {K} features but the weight has {w.K}")
-    N = w.rows
-    if bias is not None and bias.shape != (N,):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    M = x2.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)  # [M, N]
-    if M > 0 and N > 0:
-        cfg = config or choose_config(M, w.group, _is_hip(x.device), int4=True)
-        if g_idx is None and w.group % cfg.block_k:
-            raise ValueError(f"a K tile of {cfg.block_k} spans two groups of {w.group}")
-        _int4_gemm_kernel[_grid(M, N, cfg)](
-            x2, w.data, w.scale, w.zeros, w.g_idx if w.g_idx is not None else w.scale,
-            bias if bias is not None else out, out,
-            M, N, K, x2.stride(0), w.data.stride(0), w.scale.stride(0), out.stride(0),
-            GROUP=w.group,
-            HAS_GIDX=g_idx is not None,
-            HAS_BIAS=bias is not None,
-            EVEN_K=K % cfg.block_k == 0,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
-            DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-    return out.view(*x.shape[:-1], N)
-
-
-__all__ = ["GemmConfig", "fp8_gemm", "fp8_linear", "int4_linear"]
+__all__ = ["GemmConfig", "fp8_gemm", "fp8_linear"]
