@@ -23,13 +23,44 @@ def meta_model(name):
         torch.set_default_dtype(old)
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", list(PUBLISHED_PARAMS))
 def test_preset_parameter_counts(name):
     _, model = meta_model(name)
     params = sum(p.numel() for p in model.parameters())
     # Qwen3.5-0.8B's card counts its vision tower, a tenth of so small a model; the preset is the
     # text model
     assert params == pytest.approx(PUBLISHED_PARAMS[name], rel=0.07 if name == "qwen3.5-0.8b" else 0.01)
+
+
+def test_quantized_presets_store_their_formats_bytes():
+    """NAME-fp8 / -fp8-ptpc / -awq / -gptq: the linear layers (not the embedding, LM head and
+    norms) hold their format's bytes a weight (fp8: 1 and a scale per block or row; int4: half a
+    byte, a 16-bit scale and half a byte of zero point per group of 128), as the loader builds
+    them; every preset is one of a published shape in a published layout."""
+    from hotpath.layers.quant.base import building_with
+    from hotpath.layers.quant.detect import quant_config_from_hf
+    from hotpath.loader.quantized import keep_unquantized
+
+    assert all(name.rsplit("-", 1)[0] in PRESETS or name.rsplit("-", 2)[0] in PRESETS
+               for name in PRESETS if name not in PUBLISHED_PARAMS)
+    cfg, base = meta_model("qwen3-8b")
+    base_bytes = decode_weight_bytes(base, cfg, 1)
+    linear = sum(p.numel() for n, p in base.named_parameters()
+                 if ".layers." in n and not n.endswith("norm.weight"))
+    for fmt, per_weight in (("fp8", 1 + 2 / 128**2), ("fp8-ptpc", 1 + 2 / 4096),
+                            ("awq", 0.5 + 2.5 / 128), ("gptq", 0.5 + 2.5 / 128)):
+        qcfg = config_from_hf(PRESETS[f"qwen3-8b-{fmt}"])
+        qcfg.quantization = quant_config_from_hf(PRESETS[f"qwen3-8b-{fmt}"])  # as the engine sets it
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device("meta"), building_with(qcfg.quantization):
+                model = get_model_class(qcfg.architecture)(qcfg, max_positions=16)
+                keep_unquantized(model, qcfg.quantization)
+        finally:
+            torch.set_default_dtype(old)
+        want = base_bytes - 2 * linear + per_weight * linear
+        assert decode_weight_bytes(model, qcfg, 1) == pytest.approx(want, rel=0.01), fmt
 
 
 def test_decode_bytes_count_embedding_rows_only():
