@@ -3,7 +3,8 @@ pick hotpath.ops.quant's config rules: the weight-only GEMV (triton_gemv, 1-2 ro
 fp8 GEMM (triton_gemm, with the activation quantization it needs), for per-channel (PTPC) and
 128x128-block weights. (Run S also timed a weight-only tensor-core GEMV at 32 rows, since
 removed: 43 us against the GEMM's 32 for gate_up.) Each candidate is
-checked against the reference first; times are medians of CUDA-graph replays (20 calls a graph).
+checked against the reference first; times are medians of CUDA-graph replays (20 calls a graph,
+Bench.graph_us).
 
     python benchmarks/tune_quant_fp8.py --out $OUT     # writes $OUT/tune_quant_fp8.json
 """
@@ -19,6 +20,7 @@ import time
 import torch
 import triton
 
+from hotpath.ops.bench_kernels import Bench
 from hotpath.ops.quant import reference, triton_gemm, triton_gemv
 from hotpath.ops.quant.reference import FP8_GEMV_MAX_ROWS
 from hotpath.ops.quant.triton_gemm import GemmConfig
@@ -40,18 +42,6 @@ def weights(N: int, K: int) -> dict[str, tuple]:
             "block": (w_bl, blk, BLOCK)}
 
 
-def graph_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(20):
-                fn()
-    return triton.testing.do_bench(graph.replay, warmup=30, rep=200, return_mode="median") * 1e3 / 20
-
-
 def gemv_candidates() -> list[QuantGemvConfig]:
     return [QuantGemvConfig(bn, bk, nw) for bn, bk, nw in itertools.product((8, 16, 32), (2048, 4096), (4, 8))]
 
@@ -68,6 +58,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 32, 8192])
     args = parser.parse_args()
+    bench = Bench("cuda", tiny=False)
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "cases": []}
     for (name, (N, K)), M in itertools.product(SHAPES.items(), args.rows):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -92,7 +83,7 @@ def main() -> None:
                 if err > 3e-2:
                     print(f"WRONG {name} {fmt} M={M} {kind} {cfg}: rel err {err:.1e}")
                     continue
-                us = graph_us(fn) if M <= 64 else triton.testing.do_bench(
+                us = bench.graph_us([fn] * 20) if M <= 64 else triton.testing.do_bench(
                     fn, warmup=10, rep=100, return_mode="median") * 1e3
                 case = dict(proj=name, N=N, K=K, M=M, format=fmt, kind=kind, config=cfg.__dict__,
                             us=us, GBps=nbytes / us / 1e3, TFLOPs=2 * M * N * K / us / 1e6)
