@@ -12,11 +12,20 @@ down_proj. They are in x's dtype, or fp8 with fp32 scales per channel or per 128
 
     out = fused_moe(x, w13, w2, weights, ids, w13_scale, w2_scale, block_size)
 
-Every path reads fp8 experts as they are stored and dequantizes them in registers, x staying in
-its dtype (ops/quant's weight-only arithmetic): the decode kernels apply a block scale per
-128-column segment of their sums and a channel scale per row after them; the grouped GEMM
+or int4 (AWQ, GPTQ in plain column order: int32 words in ops/quant's int4 layout per expert and
+projection, w13 [E, 2 * I, H / 8] and w2 [E, H, I / 8], with scales and uint8 zero points per
+group of G inputs, [E, 2 * I, H / G] and [E, H, I / G]):
+
+    out = fused_moe(x, w13, w2, weights, ids, w13_scale, w2_scale, w13_zeros=w13_zeros,
+                    w2_zeros=w2_zeros, group_size=G)
+
+Every path reads fp8 and int4 experts as they are stored and dequantizes them in registers, x
+staying in its dtype (ops/quant's weight-only arithmetic): the decode kernels apply a block scale
+per 128-column segment of their sums and a channel scale per row after them; the grouped GEMM
 converts each fp8 weight tile to x's dtype (exact), multiplies its dot by the tile's block
-scale, or the channel scale in the epilogue.
+scale, or the channel scale in the epilogue. int4 tiles become the exact integers q - z in x's
+dtype (fp32 for the one-token sums), a run of columns per nibble, and each group's scale
+multiplies its runs' summed products.
 """
 
 from __future__ import annotations
@@ -55,13 +64,17 @@ def fused_moe(
     w2: torch.Tensor,  # [E, H, I]
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k] int32, distinct within a row
-    w13_scale: torch.Tensor | None = None,  # fp8 experts only
+    w13_scale: torch.Tensor | None = None,  # fp8 and int4 experts
     w2_scale: torch.Tensor | None = None,
     block_size: BlockSize | None = None,  # fp8 block scales' (rows, columns); None: per channel
+    w13_zeros: torch.Tensor | None = None,  # int4 experts only
+    w2_zeros: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """sum_j topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, j],
     rounded as HF's experts path rounds (see reference.py)."""
-    scales = dict(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size)
+    scales = dict(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size, w13_zeros=w13_zeros,
+                  w2_zeros=w2_zeros, group_size=group_size)
     if backend.use_triton(x):
         if x.shape[0] <= FEW_TOKENS:
             from hotpath.ops.moe import triton_decode

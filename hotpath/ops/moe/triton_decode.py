@@ -42,6 +42,13 @@ tile is converted to x's dtype (exact) and the dot's result multiplied by the ti
 (the K tile held to one block); a channel scale multiplies each row's sum after the K loop. The
 gate and up rows of w13 each read their own block rows of w13_scale.
 
+int4 experts (WFMT 3: ops/quant's int4 layout, AWQ / GPTQ in plain column order) are read as
+words, K walked in tiles of up to one run (S words, 16 at Qwen3-30B-A3B's shapes): nibble j of
+a tile's words is a run of consecutive columns in one group, dequantized by shift and mask into
+the exact integers q - z (fp32 at one token, multiplied by x's run element-wise; x's dtype with
+more, a dot with x's run), and the sums of a group's runs multiplied by its scale once. (A plain
+shift-and-mask path: ops/quant/triton_int4.py's PTX dequantization and tiles are not used here.)
+
 With PDL (ops/triton_utils.py) a kernel starts as the previous one drains, but waits for it
 before any load: which weights to read depends on the expert ids the routing kernel writes.
 No host sync and no data-dependent shape, so both launches can be captured in a CUDA graph.
@@ -56,12 +63,13 @@ import triton.language as tl
 
 from hotpath.ops.moe import tuning
 from hotpath.ops.moe.triton_common import (
-    FP8_BLOCK,
     W16,
     W16_FORMAT,
     ExpertFormat,
     block_segments,
     expert_formats,
+    int4_operand,
+    int4_run,
     scale_rows,
     silu_and_mul_rounded,
     weighted_term,
@@ -99,13 +107,17 @@ def _routed_tokens(ids_ptr, p, T, top_k, BLOCK_T: tl.constexpr, BLOCK_J: tl.cons
 
 
 @triton.jit
-def _rows_times_tokens(w_rows, s_rows, x_rows, x_ok, K, WFMT: tl.constexpr, GROUP_K: tl.constexpr,
-                       BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+def _rows_times_tokens(w_rows, s_rows, z_rows, x_rows, x_ok, K, WFMT: tl.constexpr, GROUP_K: tl.constexpr,
+                       SLICE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                       EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """[BLOCK_N, BLOCK_T] fp32: the weight rows at w_rows ([BLOCK_N, 1] pointers) times the token
     rows at x_rows ([BLOCK_T, 1] pointers; those where x_ok is false read as 0), over K. fp8 block
     weights: each segment's sum times its scale (s_rows, see scale_rows; a dot's tile lies within
-    one block); fp8 per channel: without the scale, which the caller applies."""
+    one block); fp8 per channel: without the scale, which the caller applies. int4: see
+    _int4_rows_times_tokens."""
+    if WFMT == 3:
+        return _int4_rows_times_tokens(w_rows, s_rows, z_rows, x_rows, x_ok, K, GROUP_K, SLICE, BLOCK_T,
+                                       BLOCK_K, DOT_PRECISION)
     rk = tl.arange(0, BLOCK_K)
     if BLOCK_T == 1:
         acc = tl.zeros([w_rows.shape[0]], dtype=tl.float32)
@@ -144,11 +156,44 @@ def _rows_times_tokens(w_rows, s_rows, x_rows, x_ok, K, WFMT: tl.constexpr, GROU
     return acc
 
 
+@triton.jit
+def _int4_rows_times_tokens(w_rows, s_rows, z_rows, x_rows, x_ok, K, GROUP_K: tl.constexpr,
+                            SLICE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                            DOT_PRECISION: tl.constexpr):
+    """_rows_times_tokens on int4 rows (w_rows [BLOCK_N, 1] pointers to their words, s_rows and
+    z_rows to their groups' scales and zero points): K walked in tiles of BLOCK_K / 8 words,
+    nibble nib of a tile being a run of consecutive columns in one group (triton_common.int4_run).
+    Each run's operand is the exact q - z (fp32 for one token's element-wise sums, x's dtype for a
+    dot), its products with x's run summed, and the sums of a group's runs multiplied by its
+    scale once."""
+    BLOCK_W: tl.constexpr = BLOCK_K // 8
+    RUNS: tl.constexpr = min(8, GROUP_K // SLICE)  # consecutive runs of one group
+    rw = tl.arange(0, BLOCK_W)
+    acc = tl.zeros([w_rows.shape[0], BLOCK_T], dtype=tl.float32)
+    for u0 in range(0, K // 8, BLOCK_W):
+        words = tl.load(w_rows + (u0 + rw)[None, :])  # [BLOCK_N, BLOCK_W]
+        part = tl.zeros([w_rows.shape[0], BLOCK_T], dtype=tl.float32)
+        for nib in tl.static_range(8):
+            c0 = int4_run(u0, nib, SLICE)
+            g = c0 // GROUP_K
+            q = int4_operand(words, nib, tl.load(z_rows + g).to(tl.int32))
+            x = tl.load(x_rows + (c0 + rw)[None, :], mask=x_ok[:, None], other=0.0)  # [BLOCK_T, BLOCK_W]
+            if BLOCK_T == 1:
+                part += tl.sum(q.to(tl.float32) * x.to(tl.float32), axis=1, keep_dims=True)
+            else:
+                part = tl.dot(q.to(x.dtype), tl.trans(x), part, input_precision=DOT_PRECISION)
+            if nib % RUNS == RUNS - 1:
+                acc += part * tl.load(s_rows + g).to(tl.float32)
+                part = tl.zeros([w_rows.shape[0], BLOCK_T], dtype=tl.float32)
+    return acc
+
+
 @triton.jit(do_not_specialize=["T"])
 def _decode_gate_up_kernel(
     x_ptr,  # [T, H]
-    w_ptr,  # [E, 2 * I, H], H contiguous: gate rows then up rows
-    scale_ptr,  # fp8: [E, 2 * I] (channel), [E, 2 * I blocks, H blocks] (block)
+    w_ptr,  # [E, 2 * I, H] (int4: words [E, 2 * I, H / 8]), H contiguous: gate rows then up rows
+    scale_ptr,  # fp8: [E, 2 * I] (channel), [E, 2 * I blocks, H blocks] (block); int4: [E, 2 * I, H / G]
+    zero_ptr,  # int4: uint8 [E, 2 * I, H / G]
     ids_ptr,  # [T * top_k] int32
     out_ptr,  # [T * top_k, I]: silu(gate) * up of each pair
     T,
@@ -161,9 +206,10 @@ def _decode_gate_up_kernel(
     stride_se,
     stride_sn,
     stride_ot,
-    WFMT: tl.constexpr,  # W16, FP8_CHANNEL, FP8_BLOCK (triton_common)
+    WFMT: tl.constexpr,  # W16, FP8_CHANNEL, FP8_BLOCK, INT4 (triton_common)
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
+    SLICE: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -185,9 +231,10 @@ def _decode_gate_up_kernel(
     w_row = f + half * I
     w_rows = w_ptr + expert * stride_we + w_row.to(tl.int64)[:, None] * stride_wn
     s_rows = scale_rows(scale_ptr, expert, f, half, I, stride_se, stride_sn, WFMT, GROUP_N)
+    z_rows = scale_rows(zero_ptr, expert, f, half, I, stride_se, stride_sn, WFMT, GROUP_N)
     x_rows = x_ptr + tl.arange(0, BLOCK_T).to(tl.int64)[:, None] * stride_xt
-    acc = _rows_times_tokens(w_rows, s_rows[:, None], x_rows, hit, H, WFMT, GROUP_K, BLOCK_T, BLOCK_K,
-                             EVEN_K, DOT_PRECISION)
+    acc = _rows_times_tokens(w_rows, s_rows[:, None], z_rows[:, None], x_rows, hit, H, WFMT, GROUP_K, SLICE,
+                             BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
     if WFMT == 1:
         acc = acc * tl.load(s_rows)[:, None]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_T)), (0, 2, 1)))
@@ -200,8 +247,9 @@ def _decode_gate_up_kernel(
 @triton.jit(do_not_specialize=["T"])
 def _decode_down_kernel(
     h_ptr,  # [T * top_k, I]: the gate_up kernel's output
-    w_ptr,  # [E, H, I], I contiguous
-    scale_ptr,  # fp8: [E, H] (channel), [E, H blocks, I blocks] (block)
+    w_ptr,  # [E, H, I] (int4: words [E, H, I / 8]), I contiguous
+    scale_ptr,  # fp8: [E, H] (channel), [E, H blocks, I blocks] (block); int4: [E, H, I / G]
+    zero_ptr,  # int4: uint8 [E, H, I / G]
     ids_ptr,  # [T * top_k] int32
     weights_ptr,  # [T * top_k] fp32
     terms_ptr,  # [T * top_k, H]: each pair's weighted output, rounded as the reference's
@@ -221,6 +269,7 @@ def _decode_down_kernel(
     WFMT: tl.constexpr,
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
+    SLICE: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -240,9 +289,10 @@ def _decode_down_kernel(
     w_row = tl.minimum(rn, H - 1)
     w_rows = w_ptr + expert * stride_we + w_row.to(tl.int64)[:, None] * stride_wn
     s_rows = scale_rows(scale_ptr, expert, w_row, 0, H, stride_se, stride_sn, WFMT, GROUP_N)
+    z_rows = scale_rows(zero_ptr, expert, w_row, 0, H, stride_se, stride_sn, WFMT, GROUP_N)
     h_rows = h_ptr + pair.to(tl.int64)[:, None] * stride_ht
-    acc = _rows_times_tokens(w_rows, s_rows[:, None], h_rows, hit, I, WFMT, GROUP_K, BLOCK_T, BLOCK_K,
-                             EVEN_K, DOT_PRECISION)
+    acc = _rows_times_tokens(w_rows, s_rows[:, None], z_rows[:, None], h_rows, hit, I, WFMT, GROUP_K, SLICE,
+                             BLOCK_T, BLOCK_K, EVEN_K, DOT_PRECISION)
     if WFMT == 1:
         acc = acc * tl.load(s_rows)[:, None]
     weight = tl.load(weights_ptr + pair, mask=hit, other=0.0)
@@ -272,8 +322,9 @@ def _decode_down_kernel(
 @triton.jit
 def _decode_down_one_token_kernel(
     h_ptr,  # [top_k, I]: the gate_up kernel's output for one token
-    w_ptr,  # [E, H, I], I contiguous
-    scale_ptr,  # fp8: [E, H] (channel), [E, H blocks, I blocks] (block)
+    w_ptr,  # [E, H, I] (int4: words [E, H, I / 8]), I contiguous
+    scale_ptr,  # fp8: [E, H] (channel), [E, H blocks, I blocks] (block); int4: [E, H, I / G]
+    zero_ptr,  # int4: uint8 [E, H, I / G]
     ids_ptr,  # [top_k] int32
     weights_ptr,  # [top_k] fp32
     out_ptr,  # [1, H]
@@ -288,6 +339,7 @@ def _decode_down_one_token_kernel(
     WFMT: tl.constexpr,
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
+    SLICE: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_J: tl.constexpr,
@@ -309,22 +361,43 @@ def _decode_down_one_token_kernel(
     s_rows = scale_rows(scale_ptr, experts[:, None], rows[None, :], 0, H, stride_se, stride_sn, WFMT,
                         GROUP_N)  # [J, N]
     h_rows = h_ptr + rj.to(tl.int64)[:, None] * stride_ht  # [J, 1]
-    rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_J, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        kk = k0 + rk
-        if EVEN_K:
-            k_ok = j_ok[:, None]
-        else:
-            k_ok = j_ok[:, None] & (kk < I)[None, :]
-        w = tl.load(w_rows + kk[None, None, :], mask=k_ok[:, None, :], other=0.0)
-        h = tl.load(h_rows + kk[None, :], mask=k_ok, other=0.0)
-        p = w.to(tl.float32) * h.to(tl.float32)[:, None, :]
-        if WFMT == 2:
-            SEG: tl.constexpr = min(BLOCK_K, GROUP_K)
-            p = tl.sum(tl.reshape(p, (BLOCK_J, BLOCK_N, BLOCK_K // SEG, SEG)), axis=3)
-            p = p * block_segments(s_rows[:, :, None], k0, I, BLOCK_K, GROUP_K)
-        acc += tl.sum(p, axis=2)
+    if WFMT == 3:
+        # int4: as _int4_rows_times_tokens at one token, for all k experts' rows at once
+        z_rows = scale_rows(zero_ptr, experts[:, None], rows[None, :], 0, H, stride_se, stride_sn, WFMT,
+                            GROUP_N)  # [J, N]
+        BLOCK_W: tl.constexpr = BLOCK_K // 8
+        RUNS: tl.constexpr = min(8, GROUP_K // SLICE)
+        rw = tl.arange(0, BLOCK_W)
+        for u0 in range(0, I // 8, BLOCK_W):
+            words = tl.load(w_rows + (u0 + rw)[None, None, :], mask=j_ok[:, None, None], other=0)
+            part = tl.zeros([BLOCK_J, BLOCK_N], dtype=tl.float32)
+            for nib in tl.static_range(8):
+                c0 = int4_run(u0, nib, SLICE)
+                g = c0 // GROUP_K
+                z = tl.load(z_rows + g, mask=j_ok[:, None], other=0).to(tl.int32)
+                q = int4_operand(words, nib, z[:, :, None])  # [J, N, W]
+                h = tl.load(h_rows + (c0 + rw)[None, :], mask=j_ok[:, None], other=0.0)  # [J, W]
+                part += tl.sum(q.to(tl.float32) * h.to(tl.float32)[:, None, :], axis=2)
+                if nib % RUNS == RUNS - 1:
+                    acc += part * tl.load(s_rows + g, mask=j_ok[:, None], other=0.0).to(tl.float32)
+                    part = tl.zeros([BLOCK_J, BLOCK_N], dtype=tl.float32)
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        for k0 in range(0, I, BLOCK_K):
+            kk = k0 + rk
+            if EVEN_K:
+                k_ok = j_ok[:, None]
+            else:
+                k_ok = j_ok[:, None] & (kk < I)[None, :]
+            w = tl.load(w_rows + kk[None, None, :], mask=k_ok[:, None, :], other=0.0)
+            h = tl.load(h_rows + kk[None, :], mask=k_ok, other=0.0)
+            p = w.to(tl.float32) * h.to(tl.float32)[:, None, :]
+            if WFMT == 2:
+                SEG: tl.constexpr = min(BLOCK_K, GROUP_K)
+                p = tl.sum(tl.reshape(p, (BLOCK_J, BLOCK_N, BLOCK_K // SEG, SEG)), axis=3)
+                p = p * block_segments(s_rows[:, :, None], k0, I, BLOCK_K, GROUP_K)
+            acc += tl.sum(p, axis=2)
     if WFMT == 1:
         acc = acc * tl.load(s_rows, mask=j_ok[:, None], other=0.0)
     weight = tl.load(weights_ptr + rj, mask=j_ok, other=0.0)
@@ -345,15 +418,19 @@ def fused_moe(
     gate_up_config: tuning.DecodeConfig | None = None,
     down_config: tuning.DecodeConfig | None = None,
     *,
-    w13_scale: torch.Tensor | None = None,  # fp8 experts (see reference.check_moe_args)
+    w13_scale: torch.Tensor | None = None,  # fp8 and int4 experts (see reference.check_moe_args)
     w2_scale: torch.Tensor | None = None,
     block_size: BlockSize | None = None,
+    w13_zeros: torch.Tensor | None = None,  # int4 experts
+    w2_zeros: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """See the module docstring; the configs override the tuned / default ones (the tuner and
     tests sweep them)."""
-    check_kernel_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
+    quant = (w13_scale, w2_scale, block_size, w13_zeros, w2_zeros, group_size)
+    check_kernel_args(x, w13, w2, topk_weights, topk_ids, *quant)
     T, H = x.shape
-    E, I = w13.shape[0], w2.shape[2]
+    E, I = w13.shape[0], w13.shape[1] // 2
     if T > MAX_TOKENS:
         raise ValueError(f"the decode kernels take at most {MAX_TOKENS} tokens, got {T}")
     if T == 0:
@@ -361,8 +438,9 @@ def fused_moe(
     ids = topk_ids.to(torch.int32).contiguous().view(-1)  # [T * k]
     weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [T * k]
     top_k = topk_ids.shape[1]
-    fmt13, fmt2 = expert_formats(w13, w13_scale, w2_scale, block_size)
-    # fp8 experts' tiles are looked up under the weights' dtype (a file of their own, if tuned)
+    fmt13, fmt2 = expert_formats(w13, *quant)
+    # fp8 and int4 experts' tiles are looked up under the weights' dtype (int4: int32, the words'),
+    # a file of their own if tuned
     dtype = w13.dtype if fmt13.wfmt != W16 else x.dtype
     h = gate_up(x, w13, ids, top_k, gate_up_config or tuning.decode_config(T, E, 2 * I, H, dtype, x.device),
                 fmt13)
@@ -381,9 +459,9 @@ def gate_up(
     T, H = x.shape
     I = w13.shape[1] // 2
     out = torch.empty((T * top_k, I), dtype=x.dtype, device=x.device)
-    scale, stride_se, stride_sn = fmt.args(w13)
+    scale, zeros, stride_se, stride_sn = fmt.args(w13)
     _decode_gate_up_kernel[(T * top_k, triton.cdiv(2 * I, cfg.block_n))](
-        x, w13, scale, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), stride_se,
+        x, w13, scale, zeros, ids, out, T, I, H, top_k, x.stride(0), w13.stride(0), w13.stride(1), stride_se,
         stride_sn, out.stride(0), **fmt.constexprs(), **_launch_options(T, top_k, H, cfg, x, fmt),
     )
     return out
@@ -402,11 +480,11 @@ def down(
     H = w2.shape[1]
     out = torch.empty((T, H), dtype=h.dtype, device=h.device)
     options = _launch_options(T, top_k, I, cfg, h, fmt) | fmt.constexprs()
-    scale, stride_se, stride_sn = fmt.args(w2)
+    scale, zeros, stride_se, stride_sn = fmt.args(w2)
     if T == 1:
         del options["BLOCK_T"], options["DOT_PRECISION"]
         _decode_down_one_token_kernel[(triton.cdiv(H, cfg.block_n),)](
-            h, w2, scale, ids, weights, out, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1),
+            h, w2, scale, zeros, ids, weights, out, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1),
             stride_se, stride_sn, **options)
         return out
     n_tiles = triton.cdiv(H, cfg.block_n)
@@ -415,7 +493,7 @@ def down(
                          f"{T} tokens x {n_tiles} tiles need more")
     terms = torch.empty((T * top_k, H), dtype=h.dtype, device=h.device)  # [T * k, H]
     _decode_down_kernel[(T * top_k, n_tiles)](
-        h, w2, scale, ids, weights, terms, zeroed_counters("moe decode down", MAX_COUNTERS, h.device), out,
+        h, w2, scale, zeros, ids, weights, terms, zeroed_counters("moe decode down", MAX_COUNTERS, h.device), out,
         T, H, I, top_k, h.stride(0), w2.stride(0), w2.stride(1), stride_se, stride_sn, terms.stride(0),
         out.stride(0), **options,
     )
@@ -429,9 +507,7 @@ def _launch_options(T: int, top_k: int, K: int, cfg: tuning.DecodeConfig, x: tor
     if cfg.block_n % 2 or (block_t > 1 and cfg.block_n < 16):
         raise ValueError(f"block_n must be even (gate_up pairs its rows), and at least 16 for more "
                          f"than one token (a dot's least), got {cfg.block_n}")
-    block_k = cfg.block_k
-    if block_t > 1 and fmt.wfmt == FP8_BLOCK:
-        block_k = min(block_k, fmt.group_k)  # a dot's tile within one scale block
+    block_k = fmt.tile_k(cfg.block_k, dots=block_t > 1)
     use_pdl = pdl_enabled(x.device)
     return dict(
         EVEN_K=K % block_k == 0,

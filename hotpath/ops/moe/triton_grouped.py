@@ -37,6 +37,11 @@ wait on.) The block path holds each partial dot beside the accumulator: at the d
 tiles (64 x 128, 4 warps) sm_90 takes 209 / 222 registers for gate_up / down against the 16-bit
 path's 124 / 128 (compiled on the CPU, no spills; speed unmeasured, benchmarks/tune_moe.py --fp8
 block tries 8 warps too).
+int4 experts (WFMT 3): a K tile is up to one run of S words (16 at Qwen3-30B-A3B's shapes), each
+nibble's run of columns dequantized by shift and mask into the exact integers q - z in x's dtype
+and multiplied on tensor cores with x's matching columns, the dots of one group chained and
+multiplied by the group's scales before they join the accumulator (weight-only, as the decode
+kernels and the reference: every token count rounds alike).
 Tile sizes come from hotpath.ops.moe.tuning (tuned JSON files, else a fixed rule; fp8 experts
 look theirs up under the weights' dtype).
 """
@@ -50,11 +55,12 @@ import triton.language as tl
 from hotpath.ops.moe import tuning
 from hotpath.ops.moe.reference import check_moe_args
 from hotpath.ops.moe.triton_common import (
-    FP8_BLOCK,
     W16,
     W16_FORMAT,
     ExpertFormat,
     expert_formats,
+    int4_operand,
+    int4_run,
     scale_rows,
     silu_and_mul_rounded,
     weighted_term,
@@ -203,8 +209,9 @@ def align_by_expert(
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles"])
 def _grouped_gemm_kernel(
     a_ptr,  # GATED: x [T, K]; else the intermediate [num_pairs, K]
-    w_ptr,  # [E, N, K], K contiguous (GATED: N = 2 * I, gate rows then up rows)
-    scale_ptr,  # fp8: [E, N] (channel), [E, N blocks, K blocks] (block; GATED: gate's, then up's)
+    w_ptr,  # [E, N, K] (int4: words [E, N, K / 8]), K contiguous (GATED: N = 2 * I, gate rows then up rows)
+    scale_ptr,  # fp8: [E, N] (channel), [E, N blocks, K blocks] (block; GATED: gate's, then up's); int4: [E, N, K / G]
+    zero_ptr,  # int4: uint8 [E, N, K / G]
     out_ptr,  # GATED: the intermediate [num_pairs, N / 2]; else the fp32 accumulator [T, N]
     weights_ptr,  # [num_pairs] fp32 routing weights (not GATED)
     sorted_pairs_ptr,  # [num_tiles * BLOCK_M] int32
@@ -213,7 +220,7 @@ def _grouped_gemm_kernel(
     num_pairs,
     num_tiles,
     N,
-    K,
+    K,  # columns (int4: 8 a word)
     top_k,
     stride_am,
     stride_we,
@@ -221,9 +228,10 @@ def _grouped_gemm_kernel(
     stride_se,
     stride_sn,
     stride_om,
-    WFMT: tl.constexpr,  # W16, FP8_CHANNEL, FP8_BLOCK (triton_common)
+    WFMT: tl.constexpr,  # W16, FP8_CHANNEL, FP8_BLOCK, INT4 (triton_common)
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
+    SLICE: tl.constexpr,
     GATED: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -262,30 +270,53 @@ def _grouped_gemm_kernel(
         f, half = tl.minimum(rn, N - 1), 0  # past N: a real row, never stored
     w_row = f + half * rows
     s_cols = scale_rows(scale_ptr, expert, f, half, rows, stride_se, stride_sn, WFMT, GROUP_N)  # [BLOCK_N]
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + rk[None, :]
-    w_ptrs = w_ptr + expert * stride_we + w_row.to(tl.int64)[None, :] * stride_wn + rk[:, None]
     dtype = a_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            w = tl.load(w_ptrs)
-        else:
-            k_ok = k0 + rk < K
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        if WFMT == 0:
-            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        elif WFMT == 1:
-            # fp8 values are exact in any 16-bit float: the dot is the dequantized weight's
-            acc = tl.dot(a, w.to(dtype), acc, input_precision=DOT_PRECISION)
-        else:
-            # the tile lies within one block along K: its scale multiplies the partial dot
-            s = tl.load(s_cols + k0 // GROUP_K)  # [BLOCK_N]
-            acc += tl.dot(a, w.to(dtype), input_precision=DOT_PRECISION) * s[None, :]
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    if WFMT == 3:
+        # int4: a tile of BLOCK_K / 8 words; nibble nib's operand (q - z, exact in x's dtype) is
+        # a run of consecutive columns in one group (triton_common.int4_run), its dot chained with
+        # the other runs of the group, the group's scale multiplying their sum
+        BLOCK_W: tl.constexpr = BLOCK_K // 8
+        RUNS: tl.constexpr = min(8, GROUP_K // SLICE)
+        z_cols = scale_rows(zero_ptr, expert, f, half, rows, stride_se, stride_sn, WFMT, GROUP_N)
+        rw = tl.arange(0, BLOCK_W)
+        a_rows_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am  # [BLOCK_M, 1]
+        w_ptrs = w_ptr + expert * stride_we + w_row.to(tl.int64)[None, :] * stride_wn + rw[:, None]
+        for u0 in range(0, K // 8, BLOCK_W):
+            words = tl.load(w_ptrs + u0)  # [BLOCK_W, BLOCK_N]
+            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for nib in tl.static_range(8):
+                c0 = int4_run(u0, nib, SLICE)
+                g = c0 // GROUP_K
+                q = int4_operand(words, nib, tl.load(z_cols + g).to(tl.int32)[None, :]).to(dtype)
+                a = tl.load(a_rows_ptrs + (c0 + rw)[None, :], mask=valid[:, None], other=0.0)
+                part = tl.dot(a, q, part, input_precision=DOT_PRECISION)
+                if nib % RUNS == RUNS - 1:
+                    acc += part * tl.load(s_cols + g).to(tl.float32)[None, :]
+                    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + rk[None, :]
+        w_ptrs = w_ptr + expert * stride_we + w_row.to(tl.int64)[None, :] * stride_wn + rk[:, None]
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                w = tl.load(w_ptrs)
+            else:
+                k_ok = k0 + rk < K
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            if WFMT == 0:
+                acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+            elif WFMT == 1:
+                # fp8 values are exact in any 16-bit float: the dot is the dequantized weight's
+                acc = tl.dot(a, w.to(dtype), acc, input_precision=DOT_PRECISION)
+            else:
+                # the tile lies within one block along K: its scale multiplies the partial dot
+                s = tl.load(s_cols + k0 // GROUP_K)  # [BLOCK_N]
+                acc += tl.dot(a, w.to(dtype), input_precision=DOT_PRECISION) * s[None, :]
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
     if WFMT == 1:
         acc = acc * tl.load(s_cols)[None, :]
     if GATED:
@@ -315,18 +346,19 @@ def grouped_gemm(
     fmt: ExpertFormat = W16_FORMAT,
 ) -> None:
     """One grouped GEMM launch: gate_up with silu-and-mul (gated), or down with the weighted
-    top-k sum added into `out`. fp8 block weights hold cfg's K tile to one scale block."""
+    top-k sum added into `out`. fp8 block weights hold cfg's K tile to one scale block; int4
+    weights to one run of SLICE words (ExpertFormat.tile_k)."""
     if gated and cfg.block_n % 2:
         raise ValueError(f"gate_up tiles hold gate and up rows in pairs: block_n must be even, got {cfg.block_n}")
     sorted_pairs, block_expert, num_padded = aligned
-    N, K = w.shape[1], w.shape[2]
+    N, K = w.shape[1], a.shape[1]
     num_tiles = block_expert.numel()
     use_pdl = pdl_enabled(a.device)
     grid = (num_tiles * triton.cdiv(N, cfg.block_n),)
-    block_k = min(cfg.block_k, fmt.group_k) if fmt.wfmt == FP8_BLOCK else cfg.block_k
-    scale, stride_se, stride_sn = fmt.args(w)
+    block_k = fmt.tile_k(cfg.block_k, dots=True)
+    scale, zeros, stride_se, stride_sn = fmt.args(w)
     _grouped_gemm_kernel[grid](
-        a, w, scale, out, weights, sorted_pairs, block_expert, num_padded, num_pairs, num_tiles, N, K,
+        a, w, scale, zeros, out, weights, sorted_pairs, block_expert, num_padded, num_pairs, num_tiles, N, K,
         top_k, a.stride(0), w.stride(0), w.stride(1), stride_se, stride_sn, out.stride(0),
         **fmt.constexprs(),
         GATED=gated,
@@ -352,23 +384,28 @@ def fused_moe(
     gate_up_config: tuning.GroupedConfig | None = None,
     down_config: tuning.GroupedConfig | None = None,
     *,
-    w13_scale: torch.Tensor | None = None,  # fp8 experts (see reference.check_moe_args)
+    w13_scale: torch.Tensor | None = None,  # fp8 and int4 experts (see reference.check_moe_args)
     w2_scale: torch.Tensor | None = None,
     block_size: BlockSize | None = None,
+    w13_zeros: torch.Tensor | None = None,  # int4 experts
+    w2_zeros: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """See the module docstring; the configs override the tuned / default ones (the tuner and
     tests sweep them)."""
-    check_kernel_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
+    quant = (w13_scale, w2_scale, block_size, w13_zeros, w2_zeros, group_size)
+    check_kernel_args(x, w13, w2, topk_weights, topk_ids, *quant)
     T, H = x.shape
-    E, I = w13.shape[0], w2.shape[2]
+    E, I = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     num_pairs = T * top_k
     if T == 0:
         return torch.zeros_like(x)
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.to(torch.float32).contiguous()
-    fmt13, fmt2 = expert_formats(w13, w13_scale, w2_scale, block_size)
-    # fp8 experts' tiles are looked up under the weights' dtype (a file of their own, if tuned)
+    fmt13, fmt2 = expert_formats(w13, *quant)
+    # fp8 and int4 experts' tiles are looked up under the weights' dtype (int4: int32, the
+    # words'), a file of their own if tuned
     dtype = w13.dtype if fmt13.wfmt != W16 else x.dtype
     gate_up_config = gate_up_config or tuning.grouped_config(T, top_k, E, 2 * I, H, dtype, x.device)
     down_config = down_config or tuning.grouped_config(T, top_k, E, H, I, dtype, x.device)
@@ -386,10 +423,13 @@ def fused_moe(
 
 def check_kernel_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                       topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
-                      w2_scale: torch.Tensor | None = None, block_size: BlockSize | None = None) -> None:
+                      w2_scale: torch.Tensor | None = None, block_size: BlockSize | None = None,
+                      w13_zeros: torch.Tensor | None = None, w2_zeros: torch.Tensor | None = None,
+                      group_size: int | None = None) -> None:
     """The reference's checks, plus what the kernels need: a float dtype they take and rows
     contiguous along their last dimension."""
-    check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
+    check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, w13_zeros, w2_zeros,
+                   group_size)
     tl_dtype(x.dtype)  # raises for a dtype the kernels do not take
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("x and the expert weights must be contiguous along their last dimension")
