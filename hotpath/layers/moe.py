@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.quant.base import QuantConfig, copy_checked, current_quant_config
-from hotpath.layers.quant.experts import dequantizing_loaders, fp8_experts, fp8_loaders
+from hotpath.layers.quant.experts import fp8_experts, fp8_loaders, int4_experts, int4_loaders
 from hotpath.layers.mlp import GatedMLP
 from hotpath.ops.moe import FEW_TOKENS, add_into_residual, fused_moe, route
 from hotpath.ops.quant import fp8_dtype
@@ -26,8 +26,13 @@ class FusedExperts(nn.Module):
     Built under an fp8 format (hotpath/layers/quant/experts.py), w13 and w2 are fp8 and carry
     fp32 scales, which the fused MoE kernels read as they are: w13_scale [E, 2 * I] and w2_scale
     [E, H] per channel, or per block w13_scale [E, 2 * ceil(I / 128), ceil(H / 128)] (the gate's
-    block rows, then the up's) and w2_scale [E, ceil(H / 128), ceil(I / 128)]. Other quantized
-    formats' experts (int4) are dequantized into the model dtype as they load."""
+    block rows, then the up's) and w2_scale [E, ceil(H / 128), ceil(I / 128)].
+
+    Built under an int4 format (AWQ, GPTQ in plain column order), w13 and w2 are int32 words in
+    ops/quant's int4 layout, per expert and projection: w13 [E, 2 * I, H / 8], w2 [E, H, I / 8],
+    with scales in the model dtype w13_scales [E, 2 * I, H / G], w2_scales [E, H, I / G] and
+    uint8 zero points w13_zeros / w2_zeros of the same shapes (G the format's group size, or
+    each projection's whole input for -1), which the fused MoE kernels read as they are."""
 
     _SLICES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
 
@@ -51,6 +56,7 @@ class FusedExperts(nn.Module):
         # loading, for experts a format's ignore list names
         self._checkpoint_quant = quant
         self.fp8 = fp8_experts(quant) if quant is not None else None
+        self.int4 = int4_experts(quant) if quant is not None else None
         self._create_weights()
 
     def _create_weights(self) -> None:
@@ -58,6 +64,9 @@ class FusedExperts(nn.Module):
         device = self.w13.device if "w13" in self._parameters else torch.empty(0).device
         for name in list(self._parameters):
             delattr(self, name)
+        if self.int4 is not None:
+            self._create_int4_weights(device)
+            return
         dtype = self.dtype if self.fp8 is None else fp8_dtype(device)
         self.w13 = _param(torch.empty(E, 2 * I, H, dtype=dtype, device=device))
         self.w2 = _param(torch.empty(E, H, I, dtype=dtype, device=device))
@@ -68,26 +77,45 @@ class FusedExperts(nn.Module):
             self.w2_scale = _param(torch.empty(E, *self.fp8.scale_shape(H, I), dtype=torch.float32,
                                                device=device))
 
-    def _slices(self, expert: int, proj: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Projection `proj` of `expert`'s part of the weight and, for fp8, of its scale."""
+    def _create_int4_weights(self, device: torch.device) -> None:
+        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        group = self.int4.group_size
+        for K in (H, I):
+            G = K if group == -1 else group
+            if K % 8 or K % G:
+                raise ValueError(f"int4 experts: the projections' inputs ({H} and {I}) must be "
+                                 f"multiples of 8 and of the group size {group}")
+        for name, rows, K in (("w13", 2 * I, H), ("w2", H, I)):
+            groups = 1 if group == -1 else K // group
+            setattr(self, name, _param(torch.empty(E, rows, K // 8, dtype=torch.int32, device=device)))
+            setattr(self, f"{name}_scales", _param(torch.empty(E, rows, groups, dtype=self.dtype, device=device)))
+            setattr(self, f"{name}_zeros", _param(torch.empty(E, rows, groups, dtype=torch.uint8, device=device)))
+
+    def _slices(self, expert: int, proj: str) -> tuple[torch.Tensor, ...]:
+        """Projection `proj` of `expert`'s part of the weight and, for fp8, of its scale; for
+        int4 of its words, scales and zero points."""
         name, half = self._SLICES[proj]
-        weight = getattr(self, name).data[expert]
-        scale = getattr(self, f"{name}_scale").data[expert] if self.fp8 is not None else None
-        if name == "w13":  # gate then up, each with its own rows of weight and scale
-            weight = weight.chunk(2)[half]
-            scale = scale.chunk(2)[half] if scale is not None else None
-        return weight, scale
+        if self.int4 is not None:
+            suffixes = ("", "_scales", "_zeros")
+        elif self.fp8 is not None:
+            suffixes = ("", "_scale")
+        else:
+            suffixes = ("",)
+        parts = tuple(getattr(self, name + suffix).data[expert] for suffix in suffixes)
+        if name == "w13":  # gate then up, each with its own rows of every part
+            parts = tuple(part.chunk(2)[half] for part in parts)
+        return parts
 
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
         projections = [(e, proj) for e in range(self.num_experts) for proj in self._SLICES]
         if self.fp8 is not None:
             return fp8_loaders(self.fp8, {f"{prefix}.{e}.{proj}": self._slices(e, proj)
                                           for e, proj in projections})
-        loaders = {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, e, proj)
-                   for e, proj in projections}
-        if self.checkpoint_quant is not None:
-            return dequantizing_loaders(self.checkpoint_quant, loaders, self.w13.dtype, self.w13.device)
-        return loaders
+        if self.int4 is not None:
+            return int4_loaders(self.int4, {f"{prefix}.{e}.{proj}": self._slices(e, proj)
+                                            for e, proj in projections}, self.dtype)
+        return {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, e, proj)
+                for e, proj in projections}
 
     def weight_loader(self, expert: int, proj: str, loaded: torch.Tensor) -> None:
         """Copies one expert projection's 16-bit weight into its slice."""
@@ -99,6 +127,9 @@ class FusedExperts(nn.Module):
         topk_weights: torch.Tensor,  # [T, k] fp32
         topk_ids: torch.Tensor,  # [T, k] int32
     ) -> torch.Tensor:  # [T, H]
+        if self.int4 is not None:
+            return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scales, self.w2_scales,
+                             w13_zeros=self.w13_zeros, w2_zeros=self.w2_zeros, group_size=self.int4.group_size)
         if self.fp8 is None:
             return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
         return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale,

@@ -1,7 +1,8 @@
 """Random weights at the config's real shapes (`load_format="dummy"`), for speed measurements:
 decode time does not depend on weight values. Quantized layers get random values in their
 checkpoint layout (then converted as a loaded checkpoint is): fp8 weights, positive scales, int4
-words, and GPTQ's g_idx in plain group order."""
+words, and GPTQ's g_idx in plain group order; int4 MoE experts, which hold the kernels' layout
+already, zero points 0..15 (uint8)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
                 param.abs_()
         elif param.dtype.is_floating_point:  # fp8 weights, of unit size (their scales carry std)
             param.copy_(torch.randn(param.shape, generator=gen, device=param.device))
+        elif param.dtype == torch.uint8:  # int4 experts' zero points
+            param.random_(0, 16, generator=gen)
         elif name.endswith("g_idx"):  # [projections, K]
             groups = model.get_submodule(name.rpartition(".")[0]).scales.shape[0]
             K = param.shape[-1]

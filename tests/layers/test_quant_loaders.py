@@ -324,20 +324,28 @@ def write_moe_checkpoint(path: Path, fmt: str) -> tuple[dict, dict, dict]:
         written[name] = parts
         return parts, w
 
+    dense, routers = write_moe_with(path, qc, tensors)
+    return dense, written, routers
+
+
+def write_moe_with(path: Path, quantization_config: dict | None, tensors,
+                   experts: int = MOE_EXPERTS) -> tuple[dict, dict]:
+    """A tiny Qwen3-MoE whose attention and expert projections get tensors(name, out, in, gen)
+    (see write_checkpoint), its routers 16-bit: (dense weights, routers) by checkpoint name."""
     linears = {k: v for k, v in LINEARS.items() if k.startswith("self_attn")}
-    for e in range(MOE_EXPERTS):
+    for e in range(experts):
         linears[f"mlp.experts.{e}.gate_proj"] = (MOE_INTER, HIDDEN)
         linears[f"mlp.experts.{e}.up_proj"] = (MOE_INTER, HIDDEN)
         linears[f"mlp.experts.{e}.down_proj"] = (HIDDEN, MOE_INTER)
-    config = qwen3_config(qc)
-    config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=MOE_EXPERTS,
+    config = qwen3_config(quantization_config)
+    config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=experts,
                   num_experts_per_tok=2, moe_intermediate_size=MOE_INTER, norm_topk_prob=True)
     dense = write_checkpoint(path, config, tensors, linears)
     from safetensors.torch import load_file
     weights = load_file(path / "model.safetensors")
-    routers = {f"model.layers.{i}.mlp.gate.weight": torch.randn(MOE_EXPERTS, HIDDEN) for i in range(LAYERS)}
+    routers = {f"model.layers.{i}.mlp.gate.weight": torch.randn(experts, HIDDEN) for i in range(LAYERS)}
     save_file({**weights, **routers}, path / "model.safetensors")
-    return dense, written, routers
+    return dense, routers
 
 
 @pytest.mark.parametrize("device_fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
@@ -418,3 +426,90 @@ def test_experts_reset_to_the_model_dtype_drop_their_fp8_parameters():
     up = torch.randn(64, 128)
     experts.checkpoint_tensors("e")["e.2.up_proj.weight"](up)
     assert torch.equal(experts.w13[2, 64:], up)
+
+
+INT4_MOE_GROUP = 64  # divides HIDDEN and MOE_INTER
+# int4 formats build the router as an int4 Linear before the loader resets it to the model dtype,
+# which needs its outputs (the experts) a multiple of 8
+INT4_MOE_EXPERTS = 8
+
+
+def int4_tensors(fmt: str, G: int, act_order: bool = False):
+    """write_checkpoint's tensors for AWQ ("awq") or GPTQ ("gptq": v1 zeros, "gptq_v2"), packed
+    by this file's loops; GPTQ's g_idx plain, or each projection's own permutation (act_order)."""
+    def tensors(name, n, k, g):
+        q, zeros, scales = _int4_values(n, k, G, g)
+        gidx = torch.randperm(k, generator=g) // G if act_order else torch.arange(k) // G
+        dense = (q - zeros[:, gidx]).float() * scales.float()[:, gidx]
+        if fmt == "awq":
+            return {"qweight": pack_rows_awq(q.T), "qzeros": pack_rows_awq(zeros.T),
+                    "scales": scales.T.contiguous()}, dense
+        stored_zeros = (zeros - 1) & 0xF if fmt == "gptq" else zeros
+        return {"qweight": pack_sequential(q.T, 0), "qzeros": pack_sequential(stored_zeros.T, 1),
+                "scales": scales.T.contiguous(), "g_idx": gidx.to(torch.int32)}, dense
+    return tensors
+
+
+def int4_quantization_config(fmt: str, G: int, desc_act: bool = False) -> dict:
+    if fmt == "awq":
+        return {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": G, "zero_point": True,
+                "modules_to_not_convert": None}
+    return {"quant_method": "gptq", "bits": 4, "group_size": G, "desc_act": desc_act, "sym": False,
+            "checkpoint_format": fmt}
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "gptq_v2"])
+def test_int4_moe_experts_load_as_int4(tmp_path, fmt):
+    """AWQ and GPTQ (plain order) experts load into the stacked int4 parameters in the kernels'
+    layout (words [E, 2I, H/8] / [E, H, I/8], scales in the model dtype, uint8 zero points),
+    gate and up each with their own rows, and dequantize to exactly the checkpoint's weights;
+    the router stays in the model dtype."""
+    from hotpath.ops.moe.reference import _expert_weight
+
+    G = INT4_MOE_GROUP
+    dense, routers = write_moe_with(tmp_path, int4_quantization_config(fmt, G), int4_tensors(fmt, G),
+                                    INT4_MOE_EXPERTS)
+    model = load(tmp_path)
+    for i in range(LAYERS):
+        mlp = model.model.layers[i].mlp
+        assert isinstance(mlp.gate.method, UnquantizedLinearMethod)
+        assert torch.equal(mlp.gate.weight, routers[f"model.layers.{i}.mlp.gate.weight"])
+        experts = mlp.experts
+        E, H, I = INT4_MOE_EXPERTS, HIDDEN, MOE_INTER
+        assert experts.w13.dtype == experts.w2.dtype == torch.int32
+        assert experts.w13.shape == (E, 2 * I, H // 8) and experts.w2.shape == (E, H, I // 8)
+        assert experts.w13_scales.shape == experts.w13_zeros.shape == (E, 2 * I, H // G)
+        assert experts.w2_scales.shape == experts.w2_zeros.shape == (E, H, I // G)
+        assert experts.w13_scales.dtype == torch.float32 and experts.w13_zeros.dtype == torch.uint8
+        for e in range(E):
+            p = f"model.layers.{i}.mlp.experts.{e}"
+            want13 = torch.cat([dense[f"{p}.gate_proj"], dense[f"{p}.up_proj"]])
+            got13 = _expert_weight(experts.w13, experts.w13_scales, experts.w13_zeros, None, G, 2, e)
+            got2 = _expert_weight(experts.w2, experts.w2_scales, experts.w2_zeros, None, G, 1, e)
+            assert torch.equal(got13, want13)
+            assert torch.equal(got2, dense[f"{p}.down_proj"])
+
+
+def test_gptq_act_order_moe_experts_are_refused(tmp_path):
+    G = INT4_MOE_GROUP
+    write_moe_with(tmp_path, int4_quantization_config("gptq", G, desc_act=True),
+                   int4_tensors("gptq", G, act_order=True), INT4_MOE_EXPERTS)
+    with pytest.raises(ValueError, match="act-order .* not supported: hotpath's fused MoE kernels"):
+        load(tmp_path)
+
+
+def test_dummy_int4_experts_are_valid_words_scales_and_zeros(tmp_path):
+    """load_format="dummy" fills int4 experts with random words, positive scales and zero
+    points 0..15."""
+    G = INT4_MOE_GROUP
+    write_moe_with(tmp_path, int4_quantization_config("awq", G), int4_tensors("awq", G), INT4_MOE_EXPERTS)
+    cfg = read_config(tmp_path)
+    cfg.quantization = read_quant_config(tmp_path)
+    model = load_model(cfg, tmp_path, "dummy", torch.device("cpu"), torch.bfloat16, 64)
+    experts = model.model.layers[0].mlp.experts
+    for name in ("w13", "w2"):
+        words = getattr(experts, name)
+        assert words.dtype == torch.int32 and len(words.unique()) > words.numel() // 2
+        scales, zeros = getattr(experts, f"{name}_scales"), getattr(experts, f"{name}_zeros")
+        assert scales.dtype == torch.bfloat16 and (scales > 0).all()
+        assert zeros.dtype == torch.uint8 and int(zeros.max()) == 15 and int(zeros.min()) == 0

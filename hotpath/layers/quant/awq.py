@@ -8,7 +8,8 @@
     w[n, k] = (q[k, n] - zero[k // G, n]) * scale[k // G, n]
 
 Every output dimension is the second one (packed for qweight and qzeros), so fused projections
-stack along it. After loading, the tensors are repacked into the kernels' int4 layout (int4.py)."""
+stack along it. After loading, the tensors are repacked into the kernels' int4 layout (int4.py);
+MoE experts' as each projection's tensors arrive (int4_expert)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import torch
 from hotpath.layers.quant.base import QuantConfig, checkpoint_param
 from hotpath.layers.quant.ignore import IgnoreList
 from hotpath.layers.quant.int4 import AWQ_ORDER, Int4LinearMethod, to_int4_layout, unpack_int4
-from hotpath.ops.quant.reference import dequantize_int4
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
@@ -62,9 +62,10 @@ class AwqConfig(QuantConfig):
     def skips(self, module_name: str, shard_names: list[str]) -> bool:
         return self.ignore.skips(module_name, shard_names)
 
-    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    def int4_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One MoE expert projection's checkpoint tensors (by suffix) -> (qweight, scales in
+        `dtype`, qzeros) in the kernels' int4 layout, as its Linear's are converted."""
         K = tensors["qweight"].shape[0]
         G = K if self.group_size == -1 else self.group_size
-        qweight, scales, qzeros = awq_to_int4(tensors["qweight"], tensors["qzeros"], tensors["scales"],
-                                              G, torch.float32)
-        return dequantize_int4(qweight, scales, qzeros, G).to(dtype)
+        return awq_to_int4(tensors["qweight"], tensors["qzeros"], tensors["scales"], G, dtype)

@@ -10,9 +10,13 @@ stacked parameters (hotpath/layers/moe.py).
   each 16-bit projection quantized per output row on the device as it loads, as the online
   Linear does. On AMD's gfx942 the weights become e4m3fnuz as they load and the scales double
   (ops/quant.fp8_dtype).
-- int4 (AWQ, GPTQ): the kernels have no int4 path yet, so the tensors of each projection are
-  collected and, once all have arrived, dequantized on the device into the model dtype
-  (`dequantizing_loaders`). The host holds at most a few of one projection's tensors at a time.
+- int4 (AWQ, GPTQ; `int4_experts`): the experts stay int4, in ops/quant's int4 layout, as the
+  fused MoE kernels read them: the tensors of each expert projection (qweight, qzeros, scales,
+  GPTQ's g_idx) are collected on the device and, once all have arrived, converted by the
+  format's own per-projection conversion (awq_to_int4 / gptq_to_int4) and copied into their
+  slices of w13 / w2 (words), w13_scales / w2_scales (model dtype) and w13_zeros / w2_zeros
+  (uint8). The host holds at most one checkpoint tensor at a time. GPTQ's act-order experts
+  (g_idx not in plain group order) are refused: the kernels read experts in plain column order.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from functools import partial
 
 import torch
 
+from hotpath.layers.quant.awq import AwqConfig
 from hotpath.layers.quant.base import QuantConfig, copy_checked
 from hotpath.layers.quant.fp8_block import Fp8BlockConfig
 from hotpath.layers.quant.fp8_channel import Fp8ChannelConfig, Fp8OnlineConfig
 from hotpath.layers.quant.fp8_common import FP8_CHECKPOINT_DTYPE
+from hotpath.layers.quant.gptq import GptqConfig
 from hotpath.ops.quant.reference import BlockSize, quantize_fp8_per_token
 
 Loader = Callable[[torch.Tensor], None]
@@ -97,25 +103,35 @@ def _quantize_into(weight: torch.Tensor, scale: torch.Tensor, loaded: torch.Tens
     scale.copy_(s)
 
 
-def dequantizing_loaders(config: QuantConfig, dense: dict[str, Loader], dtype: torch.dtype,
-                         device: torch.device) -> dict[str, Loader]:
-    """`dense` maps each expert projection's `{...}.weight` to the loader of its dense [N, K]
-    tensor; returns the loaders of the checkpoint's tensors for them (`{...}.{suffix}` for each
-    of the format's expert_tensors)."""
+Int4Config = AwqConfig | GptqConfig
+
+
+def int4_experts(config: QuantConfig) -> Int4Config | None:
+    """`config` where its experts are int4 (it converts each projection: int4_expert), else None."""
+    return config if isinstance(config, (AwqConfig, GptqConfig)) else None
+
+
+def int4_loaders(config: Int4Config, projections: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 dtype: torch.dtype) -> dict[str, Loader]:
+    """`projections` maps each expert projection's checkpoint name (`{...}.experts.3.up_proj`)
+    to its slices (qweight int32 [N, K / 8], scales [N, K / G] in `dtype`, qzeros uint8
+    [N, K / G]); returns the loaders of its checkpoint tensors (`{...}.{suffix}` for each of the
+    format's expert_tensors)."""
     loaders: dict[str, Loader] = {}
-    for name, load_dense in dense.items():
-        base = name.removesuffix(".weight")
+    for base, slices in projections.items():
         pending: dict[str, torch.Tensor] = {}
         for suffix in config.expert_tensors:
-            loaders[f"{base}.{suffix}"] = partial(_collect, config, pending, suffix, load_dense, dtype,
-                                                  device)
+            loaders[f"{base}.{suffix}"] = partial(_collect_int4, config, pending, suffix, slices, dtype)
     return loaders
 
 
-def _collect(config: QuantConfig, pending: dict[str, torch.Tensor], suffix: str, load_dense: Loader,
-             dtype: torch.dtype, device: torch.device, tensor: torch.Tensor) -> None:
-    pending[suffix] = tensor.to(device)
+def _collect_int4(config: Int4Config, pending: dict[str, torch.Tensor], suffix: str,
+                  slices: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dtype: torch.dtype,
+                  tensor: torch.Tensor) -> None:
+    # on the device: the host holds one checkpoint tensor at a time
+    pending[suffix] = tensor.to(slices[0].device)
     if len(pending) == len(config.expert_tensors):
-        weight = config.dequantize_expert(dict(pending), dtype)
+        converted = config.int4_expert(dict(pending), dtype)
         pending.clear()
-        load_dense(weight)
+        for target, loaded in zip(slices, converted):
+            copy_checked(target, loaded)

@@ -12,7 +12,8 @@ the default, or "gptq_v2"). Per linear, with K inputs, N outputs and G the group
 
 Fused projections stack along the second dimension; they share their input, so their g_idx are
 the same (checked after loading). After loading, the tensors are repacked into the kernels' int4
-layout (int4.py), act-order's columns sorted by group."""
+layout (int4.py), act-order's columns sorted by group; MoE experts' as each projection's tensors
+arrive (int4_expert; plain order only)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import torch
 
 from hotpath.layers.quant.base import QuantConfig, checkpoint_param
 from hotpath.layers.quant.int4 import Int4LinearMethod, to_int4_layout, unpack_int4
-from hotpath.ops.quant.reference import dequantize_int4
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
@@ -90,10 +90,19 @@ class GptqConfig(QuantConfig):
     def linear_method(self) -> GptqLinearMethod:
         return GptqLinearMethod(self.group_size, self.v1_zeros)
 
-    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    def int4_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One MoE expert projection's checkpoint tensors (by suffix) -> (qweight, scales in
+        `dtype`, qzeros) in the kernels' int4 layout, as its Linear's are converted. The fused
+        MoE kernels read experts in plain column order: act-order's (desc_act) are refused."""
         K = tensors["qweight"].shape[0] * 8
         G = K if self.group_size == -1 else self.group_size
-        qweight, scales, qzeros, _, g_idx = gptq_to_int4(
+        qweight, scales, qzeros, perm, _ = gptq_to_int4(
             tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], G,
-            self.v1_zeros, torch.float32)
-        return dequantize_int4(qweight, scales, qzeros, G, g_idx).to(dtype)
+            self.v1_zeros, dtype)
+        if perm is not None:
+            raise ValueError("GPTQ MoE experts quantized with act-order (desc_act: g_idx not in "
+                             "plain group order) are not supported: hotpath's fused MoE kernels read "
+                             "int4 experts in plain column order; use a checkpoint quantized "
+                             "without desc_act")
+        return qweight, scales, qzeros
