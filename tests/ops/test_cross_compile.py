@@ -410,6 +410,30 @@ def _moe_fp8_steps(run: Run, target: Target, step: list[str], roles: dict[int, s
                       s13, s2, block)
 
 
+def _moe_int4_steps(run: Run, target: Target, step: list[str], roles: dict[int, str]) -> None:
+    """The fused MoE kernels on int4 experts (FusedExperts under AWQ / GPTQ), once, at
+    Qwen3-30B-A3B's shapes (Qwen3-30B-A3B-AWQ / -GPTQ-Int4: groups of 128, fp16; and bf16
+    scales and x): decode at one token (element-wise sums per run) and 8 (tensor cores), the
+    grouped GEMM at 64 and at a 1512-token prefill."""
+    from hotpath.ops.moe import fused_moe
+
+    if run.name != "qwen3-30b-a3b":
+        return
+    E, H, I, top_k, G = 128, 2048, 768, 8, 128
+
+    def e(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device=META)
+
+    w13, w2 = e(E, 2 * I, H // 8, dtype=torch.int32), e(E, H, I // 8, dtype=torch.int32)
+    roles[id(w13)], roles[id(w2)] = "experts.w13", "experts.w2"  # the grouped GEMM's two launches
+    zeros = dict(w13_zeros=e(E, 2 * I, H // G, dtype=torch.uint8), w2_zeros=e(E, H, I // G, dtype=torch.uint8))
+    for dtype in (torch.float16, torch.bfloat16):
+        for T in (1, 8, 64, 1512):
+            step[0] = f"{run.name}/moe-int4-{str(dtype).removeprefix('torch.')}-b{T}"
+            fused_moe(e(T, H, dtype=dtype), w13, w2, e(T, top_k), e(T, top_k, dtype=torch.int32),
+                      e(E, 2 * I, H // G, dtype=dtype), e(E, H, I // G, dtype=dtype), group_size=G, **zeros)
+
+
 def _key(value) -> object:
     """What a launch's compile may depend on in an argument: a tensor's dtype, alignment and
     whether it is under 2 GB (AMD's buffer loads), any other value itself."""
@@ -440,6 +464,7 @@ def record(target: Target) -> list[Launch]:
             _steps(run, model, target, step)
             _quant_steps(run, target, step)
             _moe_fp8_steps(run, target, step, roles)
+            _moe_int4_steps(run, target, step, roles)
         for launch in recorded:
             key = (launch.kernel, tuple(map(_key, launch.args)),
                    tuple((k, _key(v)) for k, v in sorted(launch.kwargs.items())))
