@@ -90,7 +90,8 @@ class LinearMethod:
 
 class QuantConfig:
     """A quantization format: the method its linear layers take, which layers it leaves in the
-    model dtype, and how its MoE experts' checkpoint tensors dequantize."""
+    model dtype, and which checkpoint tensors its MoE experts have (layers/quant/experts.py loads
+    them in the fused MoE kernels' layout)."""
 
     name: str  # the quant_method / --quantization value
     # suffixes of one expert projection's checkpoint tensors (("weight", "weight_scale_inv"));
@@ -104,10 +105,6 @@ class QuantConfig:
         """Whether the layer `module_name` (its checkpoint projections `shard_names`, e.g.
         model.layers.0.self_attn.q_proj) stays in the model dtype."""
         return False
-
-    def dequantize_expert(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        """One expert projection's checkpoint tensors (by suffix) -> its weight [N, K] in `dtype`."""
-        raise NotImplementedError
 
 
 _building: ContextVar[QuantConfig | None] = ContextVar("hotpath_quant_config", default=None)
