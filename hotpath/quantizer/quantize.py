@@ -90,6 +90,10 @@ def _int4_fits(group_size: int):
 def _quantize_int4(source: Path, out: Path, options: QuantizeOptions, dtype: torch.dtype,
                    device: torch.device) -> None:
     plan = plan_quantization(source, _int4_fits(options.group_size), experts=False)
+    if any(".experts." in name for name in plan.kept):
+        raise ValueError(f"{options.method}: hotpath quantize does not quantize MoE experts to int4 "
+                         "(their calibration needs each expert's routed tokens); use --method "
+                         "fp8-block or fp8-ptpc for MoE models")
     if plan.kept:
         raise ValueError(f"{options.method} with group_size {options.group_size} cannot quantize "
                          f"{sorted(plan.kept)[:3]}...: inputs must be whole groups and outputs "

@@ -96,3 +96,13 @@ def test_fp8_block_experts_through_the_kernels(fp8_checkpoint, interpreter):
     finally:
         backend.set_backend(previous)
     _assert_same(got, want, 1e-4)
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_quantize_int4_refuses_moe_experts(method, tiny_model_factory, tmp_path):
+    """hotpath quantize writes MoE models in fp8 only: int4 says so, naming the way out."""
+    from hotpath.quantizer.quantize import QuantizeOptions, quantize
+
+    source, _ = tiny_model_factory(MODEL)
+    with pytest.raises(ValueError, match="does not quantize MoE experts.*fp8-block"):
+        quantize(str(source), tmp_path / "out", QuantizeOptions(method=method, group_size=16))
