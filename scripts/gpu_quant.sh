@@ -5,7 +5,7 @@
 #   dense    hotpath bench latency at every engine default, random weights: Qwen3-8B bf16, fp8 block
 #            and fp8 PTPC at batch 1 and 32, and their 8K-token prefill
 #   awq      Qwen2.5-Coder-32B AWQ int4 at batch 1 and 32 (and its float16 original at batch 1)
-#   moe      Qwen3-30B-A3B bf16, fp8 block, fp8 PTPC at batch 1 and 32
+#   moe      Qwen3-30B-A3B bf16, fp8 block, fp8 PTPC, AWQ, GPTQ at batch 1 and 32
 #   kv       Qwen3-8B at batch 32 with 8K contexts, bf16 KV against fp8 KV
 #   serve    Qwen2.5-Coder-32B AWQ through `hotpath serve`: ShareGPT prompts, 32 at a time (needs
 #            .whl/ and .gpu_assets/ carried, see scripts/gpu_serve_sharegpt.sh)
@@ -18,9 +18,11 @@ what=" $* "
 bench="python3 -m hotpath.cli bench latency"
 quiet() { grep -vE "^\[bench\]|Loading|it/s"; }
 if [[ $what == *" tests "* ]]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -n 4 -rf --tb=short tests/ops/test_quant.py \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -n 8 -rf --tb=short tests/ops/test_quant.py \
+    tests/ops/test_quant_int4.py tests/ops/test_moe.py tests/ops/test_moe_int4.py \
+    tests/ops/test_moe_fp8_model.py tests/ops/test_moe_int4_model.py \
     tests/ops/test_attention.py tests/ops/test_rotary.py tests/engine/test_kv_cache_fp8.py \
-    tests/ops/test_gated_delta.py ${QUANT_TESTS:-} -k "${QUANT_K:-cuda}" 2>&1 \
+    ${QUANT_TESTS:-} -k "${QUANT_K:-cuda}" 2>&1 \
     | tee "$OUT/pytest_quant.log" | tail -40
 fi
 if [[ $what == *" gemv "* ]]; then
@@ -39,7 +41,7 @@ if [[ $what == *" awq "* ]]; then
     --json "$OUT/latency_qwen2.5-coder-32b-awq.json" 2>&1 | quiet
 fi
 if [[ $what == *" moe "* ]]; then
-  for p in qwen3-30b-a3b qwen3-30b-a3b-fp8 qwen3-30b-a3b-fp8-ptpc; do
+  for p in ${MOE_PRESETS:-qwen3-30b-a3b qwen3-30b-a3b-fp8 qwen3-30b-a3b-fp8-ptpc qwen3-30b-a3b-awq qwen3-30b-a3b-gptq}; do
     timeout 150 $bench --preset $p --batch-size 1 32 --input-len 512 --output-len 64 \
       --json "$OUT/latency_$p.json" 2>&1 | quiet
   done
