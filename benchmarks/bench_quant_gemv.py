@@ -94,16 +94,18 @@ SHAPES_32B = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (55296, 5120), 
 
 
 def gemv_candidates(rows: int, N: int, K: int, device: torch.device) -> list:
+    """64-, 128- and 256-row tiles of 16 words, 4 warps (8 leave x's slices too small for
+    asynchronous copies: benchmarks/int4_codegen.py), 3 or 4 stages, K split for about 2, 4 and
+    8 programs an SM."""
     from hotpath.ops.linear.triton_gemv import split_for
     from hotpath.ops.quant.triton_int4 import Int4GemvConfig
 
     out = []
-    for block_n in (32, 64, 128):
-        splits = sorted({1, *(split_for(triton.cdiv(N, block_n), K // 8, 16, device, p) for p in (2, 4))})
-        for warps in (4, 8):
-            for stages in (3, 5):
-                for split in splits:
-                    out.append(Int4GemvConfig(block_n, 16, split, warps, stages))
+    for block_n in (64, 128, 256):
+        splits = sorted({split_for(triton.cdiv(N, block_n), K // 8, 16, device, p) for p in (2, 4, 8)})
+        for stages in (3, 4):
+            for split in splits:
+                out.append(Int4GemvConfig(block_n, 16, split, 4, stages))
     # the portable dequantization against the PTX one, at the default rule's tiles
     out.append(None)
     return out

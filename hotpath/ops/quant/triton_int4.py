@@ -15,10 +15,11 @@ dividing S) is a contiguous run of W columns of x, inside one quantization group
 
 - dequantizes it into 8 operands [BLOCK_N, W], nibble j minus its group's zero point, exact in
   x's 16-bit dtype. On NVIDIA, inline PTX does two nibbles per 32-bit operation: the mask
-  0x000F000F picks nibbles j and j + 4 of the word (shifted by 4j) into the low mantissa bits of
-  two 16-bit halves, OR-ed with the exponent of 128 (bf16 0x4300: 128 + q exactly) or of 1024
-  (fp16 0x6400), and one packed FMA subtracts (magic + zero point): q - z, exact (shift, lop3, fma
-  per pair). Elsewhere (AMD, fp32 x, the interpreter) plain shifts, masks and a conversion;
+  0x000F000F picks nibble j of two consecutive words (gathered into one register's two halves
+  by a prmt, so that the result is the MMA's operand register as it is) into the low mantissa
+  bits of the halves, OR-ed with the exponent of 128 (bf16 0x4300: 128 + q exactly) or of 1024
+  (fp16 0x6400), and one packed FMA subtracts (magic + zero point): q - z, exact (~1.5 operations
+  a nibble). Elsewhere (AMD, fp32 x, the interpreter) plain shifts, masks and a conversion;
 - multiplies each operand by its slice of x (acc[BLOCK_N, BLOCK_M] += operand @ x_slice^T), the
   dots of one group chained, and multiplies the group's scale into their sum ([BLOCK_N] scales,
   not one per weight element): the scale costs 16 / G operations a nibble. A slice per group
@@ -31,10 +32,18 @@ dividing S) is a contiguous run of W columns of x, inside one quantization group
 The GEMV (`_int4_gemv_kernel`): a program owns BLOCK_N output features (virtual rows: weight rows,
 or gate/up pairs with GATED) and one split of K, walks it in W-word tiles (pipelined through
 shared memory, num_stages), and ends with hotpath.ops.linear.triton_gemv's epilogue (`_store_out`:
-bias, silu(gate) * up, add into the residual with each tile's sums of squares), x RMS-normalised
-as it loads with `rms=` (`_normed_x`, `_rstd`). The first weight tile and its scales load before
-PDL's wait. A K split writes fp32 partials and the last program of an N tile to arrive (a counter
-bumped atomically) reduces them and runs the epilogue: one launch, capturable, no host sync.
+bias, silu(gate) * up, add into the residual with each tile's sums of squares). Its dots are
+transposed, x's 16 padded rows as M (acc [16, BLOCK_N] += x_j @ q_j^T): Triton then uses
+mma.sync, both operands in registers, where a 64-row weight operand got Hopper's warpgroup MMA,
+waited out after each 64 x 16 x 16 product (8 waits and fences a tile). The next tile's scales
+and zero points load a tile ahead (they are too small for the pipeliner's asynchronous copies,
+and loaded where they are used they cost every tile a memory round trip). With `rms=`, x times
+the norm weight is rounded once in x's dtype and 1 / RMS (`_rstd`) scales the sums (the
+reference rounds x / RMS first: the two differ by a rounding), a third of the loop's
+instructions fewer than normalising each padded 16 x 16 slice. The first weight tile and its
+scales load before PDL's wait. A K split writes fp32 partials and the last program of an N tile
+to arrive (a counter bumped atomically) reduces them and runs the epilogue: one launch,
+capturable, no host sync.
 The GEMM (`_int4_gemm_kernel`): [BLOCK_N, BLOCK_M] output tiles (the weight as the dot's first
 operand, where Hopper's MMA takes it from registers), tiles grouped GROUP_M at a time for L2.
 
@@ -42,7 +51,8 @@ Rounding: the products are those of the exact integers q - z with x as it is (16
 with "ieee" dots), accumulated in fp32 per group and scaled in fp32; the reference dequantizes in
 fp32 and multiplies in fp32, so the two differ by summation order only. Tiles come from
 `choose_gemv_config` / `choose_gemm_config`, fixed rules of the shape (not measured yet; see
-benchmarks/bench_quant_gemv.py --sweep).
+benchmarks/bench_quant_gemv.py --sweep, and benchmarks/int4_codegen.py for what each config
+compiles to: registers, shared-memory round trips, SASS instructions a weight byte).
 """
 
 from __future__ import annotations
@@ -74,8 +84,8 @@ from hotpath.ops.triton_utils import (
 
 # the kernels' dots take at least 16 columns of a slice
 MIN_SLICE = 16
-# programs per SM the GEMV's K split aims at
-GEMV_PROGRAMS_PER_SM = 2
+# programs per SM the GEMV's K split aims at (128 registers a thread at 4 warps fit 4)
+GEMV_PROGRAMS_PER_SM = 4
 
 
 @dataclass(frozen=True)
@@ -101,11 +111,13 @@ class Int4GemmConfig:
 
 def choose_gemv_config(M: int, rows: int, K: int, slice_width: int,
                        device: torch.device) -> Int4GemvConfig:
-    """Tiles for M <= 16 rows of a [rows, K] weight (not measured yet): 64 rows x 16 words (4 KB;
-    116 registers a thread on sm_90, Triton 3.9, where 32 x 64 and 16 x 64 took 238-255 and
-    spilled), 4 stages in flight, K split until there are GEMV_PROGRAMS_PER_SM programs an SM.
-    Every row count takes the same tile: the dot pads x to 16 rows anyway."""
-    block_w, block_n = MIN_SLICE, 64
+    """Tiles for M <= 16 rows of a [rows, K] weight (a static guess, not measured yet): 128 rows
+    x 16 words (8 KB; 128-162 registers a thread on sm_90, Triton 3.9, ~6-7 SASS instructions a
+    weight byte in the loop against 10-12 at 64 rows), 4 warps (8 warps leave x's 16 x 16
+    slices too small for asynchronous copies), 4 stages in flight, K split until there are
+    GEMV_PROGRAMS_PER_SM programs an SM. Every row count takes the same tile: the dot pads x to
+    16 rows anyway."""
+    block_w, block_n = MIN_SLICE, 128
     split = split_for(triton.cdiv(rows, block_n), K // 8, block_w, device, GEMV_PROGRAMS_PER_SM)
     return Int4GemvConfig(block_n, block_w, split, 4, 4)
 
@@ -122,36 +134,37 @@ def choose_gemm_config(M: int, slice_width: int, device: torch.device) -> Int4Ge
 
 
 # ---- dequantization ------------------------------------------------------------------------------
-# Nibbles (j, j + 4) of a word shifted right by 4j, masked into two 16-bit halves with the magic
-# exponent OR-ed in (lop3: (a & b) | c), then one packed FMA: x * 1 + (-(magic + zero)). $8 is the
-# word, $9..$12 the negated (magic + zero) pairs of nibbles (0, 4), (1, 5), (2, 6), (3, 7).
-_DEQUANT_PTX = """
-{
-.reg .b32 p<4>, t<3>, one;
-mov.b32 one, ONE;
-lop3.b32 p0, $8, 0x000F000F, MAGIC, 0xEA;
-shr.u32 t0, $8, 4;
-lop3.b32 p1, t0, 0x000F000F, MAGIC, 0xEA;
-shr.u32 t1, $8, 8;
-lop3.b32 p2, t1, 0x000F000F, MAGIC, 0xEA;
-shr.u32 t2, $8, 12;
-lop3.b32 p3, t2, 0x000F000F, MAGIC, 0xEA;
-FMA p0, p0, one, $9;
-FMA p1, p1, one, $10;
-FMA p2, p2, one, $11;
-FMA p3, p3, one, $12;
-mov.b32 {$0, $4}, p0;
-mov.b32 {$1, $5}, p1;
-mov.b32 {$2, $6}, p2;
-mov.b32 {$3, $7}, p3;
-}
-"""
-_PTX_BF16: tl.constexpr = tl.constexpr(_DEQUANT_PTX.replace("ONE", "0x3F803F80")
-                                       .replace("MAGIC", "0x43004300").replace("FMA", "fma.rn.bf16x2"))
-_PTX_F16: tl.constexpr = tl.constexpr(_DEQUANT_PTX.replace("ONE", "0x3C003C00")
-                                      .replace("MAGIC", "0x64006400").replace("FMA", "fma.rn.f16x2"))
-# 0x80008000 as an int32: flips the sign of both halves
-_SIGNS: tl.constexpr = tl.constexpr(-0x7FFF8000)
+# Two words at once ($8, $9: elements e and e + 1 of the tile, which in the dots' operand layouts
+# are a row's two consecutive words along K, the pair one MMA register holds). prmt gathers the
+# two words' low halves (nibbles 0..3) and high halves (4..7) into v and u; nibble j of both words
+# then lies at bits 4j' (j' = j mod 4) of the two 16-bit halves, and is shifted down, masked into
+# the mantissa with the magic exponent OR-ed in (lop3: (a & b) | c), and one packed FMA (x * 1 +
+# -(magic + zero)) leaves the exact q - z of both words in one register: the MMA's operand as it
+# is, nothing to repack. $10..$17: -(magic + zero) of slice j, element e's in the low half.
+def _dequant_ptx(fp16: bool) -> str:
+    one, magic, fma = (("0x3C003C00", "0x64006400", "fma.rn.f16x2") if fp16 else
+                       ("0x3F803F80", "0x43004300", "fma.rn.bf16x2"))
+    lines = [".reg .b32 v, u, t<6>, p<8>, one;", f"mov.b32 one, {one};",
+             "prmt.b32 v, $8, $9, 0x5410;", "prmt.b32 u, $8, $9, 0x7632;"]
+    for j in range(8):
+        src = "vu"[j // 4]
+        if j % 4:
+            lines.append(f"shr.u32 t{j - 1 - j // 4}, {src}, {4 * (j % 4)};")
+            src = f"t{j - 1 - j // 4}"
+        lines.append(f"lop3.b32 p{j}, {src}, 0x000F000F, {magic}, 0xEA;")
+    lines += [f"{fma} ${j}, p{j}, one, ${10 + j};" for j in range(8)]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+# Two words at once ($8, $9: elements e and e + 1 of the tile, which in the dots' operand layouts
+# are a row's two consecutive words along K, the pair one MMA register holds). prmt gathers the
+# two words' low halves (nibbles 0..3) and high halves (4..7) into v and u; nibble j of both words
+# then lies at bits 4 (j mod 4) of the two 16-bit halves, and is shifted down, masked into the
+# mantissa with the magic exponent OR-ed in (lop3: (a & b) | c), and one packed FMA (x * 1 +
+# -(magic + zero)) leaves the exact q - z of both words in one register: the MMA's operand as it
+# is, nothing to repack. $10..$17: -(magic + zero) of slice j (element e's in the low half).
+_PTX_BF16: tl.constexpr = tl.constexpr(_dequant_ptx(False))
+_PTX_F16: tl.constexpr = tl.constexpr(_dequant_ptx(True))
 
 
 @triton.jit
@@ -180,7 +193,8 @@ def _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE: tl.constexpr, GROUP: tl
 
 @triton.jit
 def _dequant(words, zs, DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
-    """int32 words [R, W] -> 8 operands [R, W] in DTYPE: nibble j minus zs[j] ([R] int32), exact."""
+    """int32 words [A, B] -> 8 operands [A, B] in DTYPE: nibble j minus zs[j] (int32, [A, 1] or
+    [1, B]: a weight row's zero point), exact."""
     q = ()
     if USE_ASM:
         if DTYPE == tl.float16:
@@ -188,28 +202,46 @@ def _dequant(words, zs, DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
         else:
             magic: tl.constexpr = 0x4300
         nz = ()
-        for k in tl.static_range(4):
-            lo = zs[k] | magic
-            hi = zs[k + 4] | magic
-            nz = nz + (((lo | (hi << 16)) ^ _SIGNS)[:, None],)
+        for j in tl.static_range(8):
+            # -(magic + z) in the 16-bit dtype's bits (the sign flipped), truncated to 16 bits
+            nz = nz + (((zs[j] | magic) ^ 0x8000).to(tl.int16),)
+        # pack=2: the asm takes elements e, e + 1 together, the 16-bit operands two to a register
         out = tl.inline_asm_elementwise(
             _PTX_F16 if DTYPE == tl.float16 else _PTX_BF16,
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r",
-            [words, nz[0], nz[1], nz[2], nz[3]],
-            dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+            "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
+            [words, nz[0], nz[1], nz[2], nz[3], nz[4], nz[5], nz[6], nz[7]],
+            dtype=(tl.int16,) * 8, is_pure=True, pack=2)
         for j in tl.static_range(8):
             q = q + (out[j].to(DTYPE, bitcast=True),)
     else:
         for j in tl.static_range(8):
-            q = q + ((((words >> (4 * j)) & 0xF) - zs[j][:, None]).to(DTYPE),)
+            q = q + ((((words >> (4 * j)) & 0xF) - zs[j]).to(DTYPE),)
     return q
+
+
+@triton.jit
+def _col(vs):
+    """A tuple of [R] as [R, 1]."""
+    out = ()
+    for j in tl.static_range(len(vs)):
+        out = out + (vs[j][:, None],)
+    return out
+
+
+@triton.jit
+def _row(vs):
+    """A tuple of [R] as [1, R]."""
+    out = ()
+    for j in tl.static_range(len(vs)):
+        out = out + (vs[j][None, :],)
+    return out
 
 
 @triton.jit
 def _tile_dots(q, ss, xs, acc, SLICE: tl.constexpr, GROUP: tl.constexpr,
                DOT_PRECISION: tl.constexpr):
-    """acc [R, C] += sum over slices j of ss[j] * (q[j] [R, W] @ xs[j] [W, C]), the dots of one
-    group chained before its scale."""
+    """The GEMM's: acc [R, C] += sum over slices j of ss[j] * (q[j] [R, W] @ xs[j] [W, C]), the
+    dots of one group chained before its scale ([R])."""
     JPG: tl.constexpr = min(8, GROUP // SLICE)
     for b in tl.static_range(8 // JPG):
         part = tl.dot(q[b * JPG], xs[b * JPG], input_precision=DOT_PRECISION)
@@ -220,11 +252,27 @@ def _tile_dots(q, ss, xs, acc, SLICE: tl.constexpr, GROUP: tl.constexpr,
 
 
 @triton.jit
+def _tile_dots_t(q, ss, xs, acc, SLICE: tl.constexpr, GROUP: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """The GEMV's, transposed: acc [C, R] += sum over slices j of ss[j] * (xs[j] [C, W] @ q[j]
+    [W, R]) (x's 16 padded rows as the dot's M: mma.sync, whose operands are registers, rather
+    than a warpgroup MMA that would wait out each 64 x 16 x 16 product)."""
+    JPG: tl.constexpr = min(8, GROUP // SLICE)
+    for b in tl.static_range(8 // JPG):
+        part = tl.dot(xs[b * JPG], q[b * JPG], input_precision=DOT_PRECISION)
+        for i in tl.static_range(1, JPG):
+            part = tl.dot(xs[b * JPG + i], q[b * JPG + i], part, input_precision=DOT_PRECISION)
+        acc += part * ss[b * JPG][None, :]
+    return acc
+
+
+@triton.jit
 def _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u0, rm,
               SLICE: tl.constexpr, HAS_PERM: tl.constexpr, NORM_INPUT: tl.constexpr,
-              BLOCK_W: tl.constexpr):
-    """x's columns under the tile at word u0, a slice per nibble: 8 x [BLOCK_W, BLOCK_M], rows
-    past M zero; gathered through perm, RMS-normalised as they load (NORM_INPUT)."""
+              BLOCK_W: tl.constexpr, TRANS: tl.constexpr = True):
+    """x's columns under the tile at word u0, a slice per nibble: 8 x [BLOCK_W, BLOCK_M] (TRANS;
+    else [BLOCK_M, BLOCK_W]), rows past M zero; gathered through perm, RMS-normalised as they
+    load (NORM_INPUT)."""
     xs = ()
     for j in tl.static_range(8):
         rk = _slice_col(u0, j, SLICE) + tl.arange(0, BLOCK_W)
@@ -232,8 +280,12 @@ def _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u0, rm,
             rk = tl.load(perm_ptr + rk)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None], other=0.0)
         if NORM_INPUT:
-            x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, True)
-        xs = xs + (tl.trans(x),)
+            if TRANS:
+                x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, True)
+            else:
+                # the GEMV: x times the norm weight, rounded once; 1 / RMS scales the sums
+                x = x * tl.load(norm_w_ptr + rk)[None, :].to(x.dtype)
+        xs = xs + (tl.trans(x) if TRANS else x,)
     return xs
 
 
@@ -289,30 +341,42 @@ def _int4_gemv_kernel(
         rows_total = N
         # rows past N read row N - 1 (never stored): no row mask on the weight loads
         w_row = tl.minimum(rv, N - 1)
-    w_rows = w_ptr + w_row.to(tl.int64)[:, None] * stride_wn
+    # the tile transposed, [BLOCK_W, BLOCK_N]: x's rows are the dots' M (see _tile_dots_t)
+    w_cols = w_ptr + w_row.to(tl.int64)[None, :] * stride_wn
     s_rows = w_row.to(tl.int64) * stride_sn
     rm = tl.arange(0, BLOCK_M)
-    rw = tl.arange(0, BLOCK_W)
+    rw = tl.arange(0, BLOCK_W)[:, None]
     dtype = x_ptr.dtype.element_ty
     u_start = pid_k * w_per_split
     u_end = tl.minimum(u_start + w_per_split, K // 8)
-    # the weights and their scales are not written by any kernel: the first tile loads before
-    # the wait
-    words = tl.load(w_rows + (u_start + rw)[None, :], eviction_policy=W_EVICT)
+    # the weights and their scales are not written by any kernel: the first tile and its scales
+    # load before the wait
+    words = tl.load(w_cols + (u_start + rw), eviction_policy=W_EVICT)
     ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u_start, SLICE, GROUP)
     pdl_wait(USE_PDL)
     rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 64)[:, None] if NORM_INPUT else 1.0
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # each tile's successor's scales and zero points load a tile ahead (the last tile loads its
+    # own again): a load the loop waits for at once would cost every tile a memory round trip
+    ss_next, zs_next = _tile_scales(scale_ptr, zero_ptr, s_rows,
+                                    tl.minimum(u_start + BLOCK_W, u_end - BLOCK_W), SLICE, GROUP)
     xs = _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u_start, rm, SLICE,
-                   HAS_PERM, NORM_INPUT, BLOCK_W)
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    acc = _tile_dots(_dequant(words, zs, dtype, USE_ASM), ss, xs, acc, SLICE, GROUP, DOT_PRECISION)
+                   HAS_PERM, NORM_INPUT, BLOCK_W, False)
+    acc = _tile_dots_t(_dequant(words, _row(zs), dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
+                       DOT_PRECISION)
+    ss, zs = ss_next, zs_next
     for u0 in range(u_start + BLOCK_W, u_end, BLOCK_W):
-        words = tl.load(w_rows + (u0 + rw)[None, :], eviction_policy=W_EVICT)
-        ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE, GROUP)
+        ss_next, zs_next = _tile_scales(scale_ptr, zero_ptr, s_rows,
+                                        tl.minimum(u0 + BLOCK_W, u_end - BLOCK_W), SLICE, GROUP)
+        words = tl.load(w_cols + (u0 + rw), eviction_policy=W_EVICT)
         xs = _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u0, rm, SLICE,
-                       HAS_PERM, NORM_INPUT, BLOCK_W)
-        acc = _tile_dots(_dequant(words, zs, dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
-                         DOT_PRECISION)
+                       HAS_PERM, NORM_INPUT, BLOCK_W, False)
+        acc = _tile_dots_t(_dequant(words, _row(zs), dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
+                           DOT_PRECISION)
+        ss, zs = ss_next, zs_next
+    if NORM_INPUT:
+        acc = acc * rstd
+    acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
     if SPLIT:
         out_mask = (rv < rows_total)[:, None] & (rm < M)[None, :]
         offsets = rm[None, :] * rows_total + rv[:, None]
@@ -379,12 +443,14 @@ def _int4_gemm_kernel(
     rw = tl.arange(0, BLOCK_W)
     dtype = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    # (the scales load in the iteration that uses them: carried a tile ahead as in the GEMV,
+    # Triton 3.9 dequantized in a blocked layout and moved each operand through shared memory)
     for u0 in range(0, K // 8, BLOCK_W):
         words = tl.load(w_rows + (u0 + rw)[None, :])
         ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE, GROUP)
         xs = _x_slices(x_ptr, stride_xm, M, K, x_ptr, x_ptr, 1.0, u0, rm_c, SLICE, False, False,
                        BLOCK_W)
-        acc = _tile_dots(_dequant(words, zs, dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
+        acc = _tile_dots(_dequant(words, _col(zs), dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
                          DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[:, None]
