@@ -420,34 +420,72 @@ def linear_add_residual(
 ) -> torch.Tensor:  # [T, M] fp32
     """residual += x @ weight^T; returns partial sums of squares of the new residual rows (their
     sum over T is each row's), which the next RMSNorm needs, stored by the kernel's epilogue."""
-    if residual.shape != (x.shape[0], weight.shape[0]) or residual.stride(-1) != 1:
-        raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{x.shape[0]}, {weight.shape[0]}]")
     return _launch(x, weight, None, config, residual=residual)[1]
+
+
+@dataclass
+class GemvIO:
+    """What a GEMV launch reads and writes, checked (shared by the 16-bit, fp8 and int4 GEMVs)."""
+    x2: torch.Tensor  # [M, K], row-major
+    out: torch.Tensor  # [M, N]: the residual stream itself with a residual
+    M: int
+    N: int
+    done: bool  # nothing to compute (no rows, outputs or inputs): `out` holds the result
+    stat_in: torch.Tensor  # the rms statistic [T, M] fp32 (a stand-in without rms)
+    norm_w: torch.Tensor
+    eps: float
+
+
+def gemv_io(x: torch.Tensor, rows: int, weight_k: int, bias: torch.Tensor | None, gated: bool,
+            rms: RmsInput | None, residual: torch.Tensor | None, out_dtype: torch.dtype | None,
+            max_rows: int | None = None, what: str = "the GEMV") -> GemvIO:
+    """Checks a GEMV call of x [..., K] on a weight of `rows` rows ([gate | up] with `gated`) and
+    `weight_k` inputs, and allocates its output (x's dtype, or `out_dtype`)."""
+    K = x.shape[-1]
+    N = rows // 2 if gated else rows
+    if weight_k != K:
+        raise ValueError(f"x has {K} features but the weight has {weight_k}")
+    if gated and rows % 2:
+        raise ValueError(f"a [gate | up] weight needs an even number of rows, got {rows}")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    if max_rows is not None and M > max_rows:
+        raise ValueError(f"{what} takes at most {max_rows} rows, got {M}")
+    if residual is not None:
+        if residual.shape != (M, N) or residual.stride(-1) != 1:
+            raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{M}, {N}]")
+        out = residual
+    else:
+        out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)  # [M, N]
+    done = M == 0 or N == 0 or K == 0
+    if done:
+        # no terms: every sum is 0 (silu(0) * 0 = 0), plus the bias
+        assert residual is None and rms is None, "the fused forms are for real projections"
+        out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
+    if rms is not None:
+        stat_in, norm_w, eps = rms
+        if stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
+            raise ValueError(f"rms statistic must be fp32 [T, {M}], got {stat_in.dtype} {tuple(stat_in.shape)}")
+        stat_in = stat_in.contiguous()
+    else:
+        stat_in, norm_w, eps = out, out, 0.0
+    return GemvIO(x2, out, M, N, done, stat_in, norm_w, eps)
 
 
 def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
             rms: RmsInput | None = None, residual: torch.Tensor | None = None,
             out_dtype: torch.dtype | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    K = x.shape[-1]
-    rows = weight.shape[0]  # the weight's rows: the outputs, or [gate | up]
-    N = rows // 2 if gated else rows
-    if weight.shape[1] != K:
-        raise ValueError(f"x has {K} features but the weight is {tuple(weight.shape)}")
     if weight.stride(1) != 1:
         raise ValueError("the weight must be contiguous along in_features")
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    M = x2.shape[0]
-    if residual is not None:
-        out = residual
-    else:
-        out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
-    if M == 0 or N == 0 or K == 0:
-        # no terms: every sum is 0 (silu(0) * 0 = 0), plus the bias
-        assert residual is None and rms is None, "the fused forms are for real projections"
-        out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
+    rows, K = weight.shape  # the weight's rows: the outputs, or [gate | up]
+    io = gemv_io(x, rows, K, bias, gated, rms, residual, out_dtype)
+    x2, out, M, N = io.x2, io.out, io.M, io.N
+    if io.done:
         return out.view(*x.shape[:-1], N), None
     cfg = config or choose_config(M, rows, K, x.device)
     assert cfg.block_n % 2 == 0 or not gated
@@ -465,17 +503,10 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
             raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
         partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
     stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
-    if rms is not None:
-        stat_in, norm_w, eps = rms
-        if stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
-            raise ValueError(f"rms statistic must be fp32 [T, {M}], got {stat_in.dtype} {tuple(stat_in.shape)}")
-        stat_in = stat_in.contiguous()
-    else:
-        stat_in, norm_w, eps = out, out, 0.0
     use_pdl = pdl_enabled(x.device)
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,
-        norm_w, stat_in, stat_in.shape[0], eps, stat if stat is not None else out,
+        io.norm_w, io.stat_in, io.stat_in.shape[0], io.eps, stat if stat is not None else out,
         M, N, K, k_per_split, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None,
         GATED=gated,

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from hotpath.ops.linear.reference import RmsInput
-from hotpath.ops.linear.triton_gemv import _normed_x, _rstd, _store_out
+from hotpath.ops.linear.triton_gemv import _normed_x, _rstd, _store_out, gemv_io
 from hotpath.ops.quant import reference
 from hotpath.ops.quant.reference import FP8_GEMV_MAX_ROWS, BlockSize
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait
@@ -222,45 +222,18 @@ def _launch(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None, config: Quan
             gated: bool = False, rms: RmsInput | None = None,
             residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    K = x.shape[-1]
-    rows = w.rows
-    N = rows // 2 if gated else rows
-    if w.K != K:
-        raise ValueError(f"x has {K} features but the weight has {w.K}")
-    if gated and rows % 2:
-        raise ValueError(f"a [gate | up] weight needs an even number of rows, got {rows}")
-    if bias is not None and bias.shape != (N,):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({N},)")
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    M = x2.shape[0]
-    if M > FP8_GEMV_MAX_ROWS:
-        raise ValueError(f"the fp8 GEMV takes at most {FP8_GEMV_MAX_ROWS} rows, got {M}")
-    if residual is not None:
-        if residual.shape != (M, N) or residual.stride(-1) != 1:
-            raise ValueError(f"residual {tuple(residual.shape)} must be a row-major [{M}, {N}]")
-        out = residual
-    else:
-        out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)  # [M, N]
-    if M == 0 or N == 0 or K == 0:
-        assert residual is None and rms is None, "the fused forms are for real projections"
-        out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
-        return out.view(*x.shape[:-1], N), None
+    io = gemv_io(x, w.rows, w.K, bias, gated, rms, residual, out_dtype, FP8_GEMV_MAX_ROWS,
+                 "the fp8 GEMV")
+    if io.done:
+        return io.out.view(*x.shape[:-1], io.N), None
+    x2, out, M, N, K = io.x2, io.out, io.M, io.N, w.K
     cfg = config or choose_config(M, K)
-    n_tiles = triton.cdiv(rows, cfg.block_n)
+    n_tiles = triton.cdiv(w.rows, cfg.block_n)
     stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
-    if rms is not None:
-        stat_in, norm_w, eps = rms
-        if stat_in.dim() != 2 or stat_in.shape[1] != M or stat_in.dtype != torch.float32:
-            raise ValueError(f"rms statistic must be fp32 [T, {M}], got {stat_in.dtype} {tuple(stat_in.shape)}")
-        stat_in = stat_in.contiguous()
-    else:
-        stat_in, norm_w, eps = out, out, 0.0
     use_pdl = pdl_enabled(x.device)
     _fp8_gemv_kernel[(n_tiles,)](
-        x2, w.data, w.scale, bias if bias is not None else out, out, norm_w, stat_in,
-        stat_in.shape[0], eps, stat if stat is not None else out,
+        x2, w.data, w.scale, bias if bias is not None else out, out, io.norm_w, io.stat_in,
+        io.stat_in.shape[0], io.eps, stat if stat is not None else out,
         M, N, K, x2.stride(0), w.data.stride(0), w.scale.stride(0) if w.scale.dim() == 2 else 1,
         out.stride(0),
         WFMT=w.wfmt,
