@@ -4,12 +4,11 @@ the dynamic fp8 quantization of activations: the torch reference on the CPU, Tri
 
 Rows up to GEMV_MAX_ROWS (int4; FP8_GEMV_MAX_ROWS for fp8) run a GEMV that reads the quantized
 weight and dequantizes it in registers, x staying in its own dtype; it has the fused forms of the
-few-rows decode chain
-(`rms=` input, SiLU-and-mul, add-residual with the sums of squares; see hotpath.ops.linear), and
-`gemv_fuses(x)` says whether a call runs them as one kernel. More rows run a tensor-core GEMM:
-fp8 x fp8 with x quantized per token (per-channel weights, scales in the epilogue) or per token
-and 128-column group (block weights, scales in the main loop). int4 weights run triton_int4's
-tensor-core GEMV (with the same fused forms) and GEMM.
+few-rows decode chain (`rms=` input, SiLU-and-mul, add-residual with the sums of squares; see
+hotpath.ops.linear), and `gemv_fuses(x, max_rows)` says whether a call runs them as one kernel.
+More rows run a tensor-core GEMM: fp8 x fp8 with x quantized per token (per-channel weights,
+scales in the epilogue) or per token and 128-column group (block weights, scales in the main
+loop); int4 weights run triton_int4's tensor-core GEMV (with the same fused forms) and GEMM.
 """
 
 from __future__ import annotations
