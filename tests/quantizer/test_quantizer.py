@@ -230,6 +230,109 @@ def test_gptq_error_compensation_beats_round_to_nearest(desc_act):
     assert err < 0.8 * rtn, (float(err), float(rtn))
 
 
+def _correlated_inputs(T: int, K: int, seed: int) -> torch.Tensor:
+    """Rows from one fixed distribution (a fixed mixing matrix and channel scales, the seed only
+    drawing the rows): calibration and held-out sets of the same inputs."""
+    g = torch.Generator().manual_seed(0)
+    mix = torch.randn(K, K, generator=g) / K**0.5 + torch.eye(K)
+    channel = torch.rand(K, generator=g) * 3 + 0.1
+    return torch.randn(T, K, generator=torch.Generator().manual_seed(seed)) @ mix * channel
+
+
+def _gptq_unblocked(w: torch.Tensor, h: torch.Tensor, G: int, desc_act: bool, sym: bool,
+                    damp: float = 0.01) -> torch.Tensor:
+    """GPTQ as the paper's algorithm states it, written independently of hotpath's: in float64,
+    one column at a time, every later column updated right after each is rounded (no blocks, no
+    lazy updates); a group's scale and zero point from its columns as updated when it starts."""
+    from hotpath.quantizer.gptq import _sym_params
+    from hotpath.quantizer.int4_rtn import group_params, quantize_with
+
+    W, H, K = w.double().clone(), h.double().clone(), w.shape[1]
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    perm = torch.argsort(torch.diag(H), descending=True) if desc_act else torch.arange(K)
+    W, H = W[:, perm], H[perm][:, perm]
+    H += damp * torch.diag(H).mean() * torch.eye(K, dtype=H.dtype)
+    U = torch.linalg.cholesky(torch.linalg.inv(H), upper=True)  # inverse Hessian's upper factor
+    out = torch.zeros_like(W)
+    for j in range(K):
+        if j % G == 0:
+            scale, zero = (_sym_params if sym else group_params)(W[:, j:j + G].float())
+            scale, zero = scale[:, 0].double(), zero[:, 0].double()
+        out[:, j] = (quantize_with(W[:, j], scale, zero) - zero) * scale
+        err = (W[:, j] - out[:, j]) / U[j, j]
+        W[:, j:] -= err[:, None] * U[j, j:][None, :]
+    return out[:, torch.argsort(perm)].float()
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+@pytest.mark.parametrize("sym", [True, False])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_gptq_is_the_unblocked_algorithm(desc_act, sym, group_size):
+    """hotpath's blocked GPTQ (blocks of 128, lazy updates, Cholesky of the inverse) against the
+    column-at-a-time algorithm: three blocks, a dead input, fewer calibration rows than inputs
+    (a rank-deficient Hessian, as down_proj's from 4,096 tokens). Float32 against float64 rounds
+    an occasional weight the other way, and the later columns then compensate differently."""
+    K, N = 384, 64
+    x = _correlated_inputs(300, K, seed=1)
+    x[:, 5] = 0
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(2)) * 0.05
+    h = 2 * x.double().T @ x.double() / x.shape[0]
+    deq = gptq_quantize(w, h, group_size, desc_act=desc_act, sym=sym)[4]
+    ref = _gptq_unblocked(w, h, group_size, desc_act, sym)
+    assert (deq != ref).float().mean() < 0.02
+    assert torch.all(deq[:, 5] == 0) and torch.all(ref[:, 5] == 0)  # the dead input's column
+    err, ref_err = ((x @ (deq - w).T).norm() for deq in (deq, ref))
+    assert abs(err / ref_err - 1) < 0.02, (float(err), float(ref_err))
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_gptq_beats_round_to_nearest_on_held_out_inputs(sym):
+    """The Hessian from one set of rows, the error measured on fresh rows of the same inputs:
+    GPTQ's layer output error well below plain rounding's on the same grid (symmetric groups,
+    GPTQ's default, or asymmetric ones, the rtn-int4 row of benchmarks/quant_accuracy.py).
+    Measured: 0.80 of rounding's for both. (On a real model calibrated on code and measured on
+    English text, GPTQ can lose to rounding: its compensation fits the calibration's inputs;
+    see docs/benchmarks.md, "Quantization accuracy".)"""
+    from hotpath.quantizer.gptq import _sym_params
+    from hotpath.quantizer.int4_rtn import quantize_with
+
+    K, N, G = 256, 128, 64
+    calib, held_out = _correlated_inputs(4096, K, seed=1), _correlated_inputs(4096, K, seed=2)
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(3)) * 0.05
+    h = 2 * calib.double().T @ calib.double() / calib.shape[0]
+    deq = gptq_quantize(w, h, G, sym=sym)[4]
+    if sym:
+        groups = w.reshape(N, K // G, G)
+        scale, zero = _sym_params(groups)
+        rtn = ((quantize_with(groups, scale, zero) - zero) * scale).reshape(N, K)
+    else:
+        rtn = fake_quantize(w, G)
+    err, rtn_err = ((held_out @ (d - w).T).norm() for d in (deq, rtn))
+    assert err < 0.85 * rtn_err, (float(err), float(rtn_err))
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+@pytest.mark.parametrize("sym", [True, False])
+def test_gptq_checkpoint_dequantizes_to_the_quantizer_result(desc_act, sym):
+    """The packed GPTQ v1 tensors, read by the loader into the kernels' layout, dequantize to
+    exactly the weight the quantizer computed (the weight the later layers calibrated with)."""
+    from hotpath.layers.quant.gptq import gptq_to_int4
+    from hotpath.ops.quant.reference import dequantize_int4
+    from hotpath.quantizer import formats
+
+    K, N = 256, 64
+    x = _correlated_inputs(1024, K, seed=1)
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(2)) * 0.05
+    q, zeros, scales, g_idx, deq = gptq_quantize(w, 2 * x.double().T @ x.double() / 1024, G,
+                                                 desc_act=desc_act, sym=sym)
+    t = formats.gptq_tensors(q, zeros, scales, g_idx)
+    qweight, s, z, _, stored_g_idx = gptq_to_int4(t["qweight"], t["qzeros"], t["scales"],
+                                                  t["g_idx"], G, True, torch.float32)
+    assert torch.equal(dequantize_int4(qweight, s, z, G, stored_g_idx), deq)
+
+
 def test_bad_options_are_refused(source, tmp_path):
     with pytest.raises(ValueError, match="unknown method"):
         QuantizeOptions(method="int8")
