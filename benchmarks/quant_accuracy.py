@@ -30,7 +30,11 @@ Measures, per format:
     whose whole output is equal).
 
 AWQ and GPTQ calibrate on the HumanEval prompts that are not evaluated (--calibration holdout),
-so no evaluated prompt is in the calibration text.
+so no evaluated prompt is in the calibration text. GPTQ's error compensation fits the inputs it
+calibrated on: calibrated on code it loses to round to nearest on the Shakespeare perplexity
+while it beats it on the HumanEval agreement, and calibrated on other Shakespeare text it beats
+it on the perplexity (docs/benchmarks.md, "Quantization accuracy"); `--calibration FILE` (a text
+file) calibrates on that text.
 """
 
 from __future__ import annotations
