@@ -80,8 +80,11 @@ def small_configs(T):
     return decode, grouped
 
 
-@pytest.mark.parametrize("tiles", ["default", "small"])
-@pytest.mark.parametrize("T,G", [(1, 128), (1, 32), (5, 128), (5, -1), (16, 32), (20, 128), (20, 32)])
+# each path (one token, several, the grouped GEMM) and each group kind with both tile sets, but
+# not every product of them (the interpreter takes ~8 s a case; CI's budget)
+@pytest.mark.parametrize("T,G,tiles", [(1, 128, "default"), (1, 32, "small"), (5, 128, "small"),
+                                       (5, -1, "default"), (16, 32, "default"), (20, 128, "default"),
+                                       (20, 32, "small")])
 def test_interpreter_fused_moe_int4(T, G, tiles, interpreter, poisoned):
     """Both paths on int4 experts against the reference: decode at one token (element-wise sums
     per run) and several (tensor cores), the grouped GEMM; groups of 32 (2 runs a group), 128
