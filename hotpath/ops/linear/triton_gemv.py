@@ -265,6 +265,52 @@ def _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K: tl.conste
     return acc
 
 
+@triton.jit
+def _virtual_rows(pid_n, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
+    """(rv, w_row, rows_total): a program sums BLOCK_N "virtual" rows rv, the weight's rows or with
+    GATED pairs (gate row f, up row f), so that one program holds both factors of its outputs;
+    w_row is each one's weight row, rows past N reading row N - 1 (their sums are never stored),
+    so the weight loads need no row mask and stay full-width; rows_total the weight's rows."""
+    rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:
+        rows_total = 2 * N
+        w_row = tl.minimum(rv // 2, N - 1) + (rv % 2) * N
+    else:
+        rows_total = N
+        w_row = tl.minimum(rv, N - 1)
+    return rv, w_row, rows_total
+
+
+@triton.jit
+def _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
+                     out_ptr, bias_ptr, stride_om, stat_ptr, HAS_BIAS: tl.constexpr,
+                     GATED: tl.constexpr, RESIDUAL: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] fp32 -> the output (`_store_out`); with SPLIT, this split's partial
+    stored and the last split of the N tile to arrive (a counter, bumped atomically) adds them in
+    split order and stores the output, setting the counter back to zero."""
+    if SPLIT:
+        out_mask = (rv < rows_total)[:, None] & (rm < M)[None, :]
+        offsets = rm[None, :] * rows_total + rv[:, None]
+        tl.store(partial_ptr + pid_k * M * rows_total + offsets, acc, mask=out_mask)
+        # every thread's partial is stored before the (one-thread, acq_rel) atomic publishes it
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        num_splits = tl.num_programs(1)
+        if arrived == num_splits - 1:
+            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(0, num_splits):
+                # .cg: read from L2, where the other programs' stores are, not from this SM's L1
+                total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(counter_ptr + pid_n, 0)
+            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                       GATED, RESIDUAL, OUT_DTYPE, BLOCK_N)
+    else:
+        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
+                   GATED, RESIDUAL, OUT_DTYPE, BLOCK_N)
+
+
 @triton.jit(do_not_specialize=["M", "N"])
 def _gemv_kernel(
     x_ptr,  # [M, K]
@@ -303,17 +349,7 @@ def _gemv_kernel(
     pdl_launch_dependents(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    # A program sums BLOCK_N "virtual" rows: the weight's rows, or with GATED, pairs
-    # (gate row f, up row f) so that one program holds both factors of its outputs.
-    rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if GATED:
-        rows_total = 2 * N
-        w_row = tl.minimum(rv // 2, N - 1) + (rv % 2) * N
-    else:
-        rows_total = N
-        # rows past N read row N - 1 (their sums are never stored), so the weight loads need no
-        # row mask and stay full-width
-        w_row = tl.minimum(rv, N - 1)
+    rv, w_row, rows_total = _virtual_rows(pid_n, N, BLOCK_N, GATED)
     w_rows = w_ptr + w_row.to(tl.int64)[:, None] * stride_wn
     rm = tl.arange(0, BLOCK_M)
     k_start = pid_k * k_per_split
@@ -360,26 +396,9 @@ def _gemv_kernel(
         if BLOCK_M == 1:
             acc = acc[:, None]  # [BLOCK_N, 1]
 
-    if SPLIT:
-        out_mask = (rv < rows_total)[:, None] & (rm < M)[None, :]
-        offsets = rm[None, :] * rows_total + rv[:, None]
-        tl.store(partial_ptr + pid_k * M * rows_total + offsets, acc, mask=out_mask)
-        # every thread's partial is stored before the (one-thread, acq_rel) atomic publishes it
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        num_splits = tl.num_programs(1)
-        if arrived == num_splits - 1:
-            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for s in range(0, num_splits):
-                # .cg: read from L2, where the other programs' stores are, not from this SM's L1
-                total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(counter_ptr + pid_n, 0)
-            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
-                       GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
-    else:
-        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
-                   GATED, RESIDUAL, x_ptr.dtype.element_ty, BLOCK_N)
+    _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
+                     out_ptr, bias_ptr, stride_om, stat_ptr, HAS_BIAS, GATED, RESIDUAL,
+                     x_ptr.dtype.element_ty, BLOCK_N, BLOCK_M, SPLIT)
 
 
 def linear(

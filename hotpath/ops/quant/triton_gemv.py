@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from hotpath.ops.linear.reference import RmsInput
-from hotpath.ops.linear.triton_gemv import _normed_x, _rstd, _store_out, gemv_io
+from hotpath.ops.linear.triton_gemv import _normed_x, _rstd, _store_out, _virtual_rows, gemv_io
 from hotpath.ops.quant import reference
 from hotpath.ops.quant.reference import FP8_GEMV_MAX_ROWS, BlockSize
 from hotpath.ops.triton_utils import pdl_enabled, pdl_launch, pdl_launch_dependents, pdl_wait
@@ -160,11 +160,7 @@ def _fp8_gemv_kernel(
 ):
     pdl_launch_dependents(USE_PDL)
     pid_n = tl.program_id(0)
-    rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if GATED:
-        w_row = tl.minimum(rv // 2, N - 1) + (rv % 2) * N
-    else:
-        w_row = tl.minimum(rv, N - 1)
+    _, w_row, _ = _virtual_rows(pid_n, N, BLOCK_N, GATED)
     w_rows = w_ptr + w_row.to(tl.int64)[:, None] * stride_wn
     rm = tl.arange(0, BLOCK_M)
     # the weights and their scales are not written by any kernel: read before the wait

@@ -69,7 +69,8 @@ from hotpath.ops.linear.triton_gemv import (
     MAX_SPLIT_TILES,
     _normed_x,
     _rstd,
-    _store_out,
+    _store_or_reduce,
+    _virtual_rows,
     gemv_io,
     split_for,
 )
@@ -334,14 +335,7 @@ def _int4_gemv_kernel(
     pdl_launch_dependents(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rv = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if GATED:
-        rows_total = 2 * N
-        w_row = tl.minimum(rv // 2, N - 1) + (rv % 2) * N
-    else:
-        rows_total = N
-        # rows past N read row N - 1 (never stored): no row mask on the weight loads
-        w_row = tl.minimum(rv, N - 1)
+    rv, w_row, rows_total = _virtual_rows(pid_n, N, BLOCK_N, GATED)
     # the tile transposed, [BLOCK_W, BLOCK_N]: x's rows are the dots' M (see _tile_dots_t)
     w_cols = w_ptr + w_row.to(tl.int64)[None, :] * stride_wn
     s_rows = w_row.to(tl.int64) * stride_sn
@@ -378,26 +372,9 @@ def _int4_gemv_kernel(
     if NORM_INPUT:
         acc = acc * rstd
     acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
-    if SPLIT:
-        out_mask = (rv < rows_total)[:, None] & (rm < M)[None, :]
-        offsets = rm[None, :] * rows_total + rv[:, None]
-        tl.store(partial_ptr + pid_k * M * rows_total + offsets, acc, mask=out_mask)
-        # every thread's partial is stored before the (one-thread, acq_rel) atomic publishes it
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        num_splits = tl.num_programs(1)
-        if arrived == num_splits - 1:
-            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for s in range(0, num_splits):
-                # .cg: from L2, where the other programs' stores are
-                total += tl.load(partial_ptr + s * M * rows_total + offsets, mask=out_mask,
-                                 other=0.0, cache_modifier=".cg")
-            tl.store(counter_ptr + pid_n, 0)
-            _store_out(out_ptr, bias_ptr, total, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
-                       GATED, RESIDUAL, dtype, BLOCK_N)
-    else:
-        _store_out(out_ptr, bias_ptr, acc, pid_n, rm, N, M, stride_om, stat_ptr, HAS_BIAS,
-                   GATED, RESIDUAL, dtype, BLOCK_N)
+    _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
+                     out_ptr, bias_ptr, stride_om, stat_ptr, HAS_BIAS, GATED, RESIDUAL, dtype,
+                     BLOCK_N, BLOCK_M, SPLIT)
 
 
 # ---- the GEMM (more rows) -------------------------------------------------------------------------
