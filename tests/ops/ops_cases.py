@@ -110,3 +110,18 @@ def paged_batch(
         max_query_len=max(query_lens),
         max_context_len=max(context_lens),
     )
+
+
+def activations(M, K, dtype=torch.float32, device="cpu", seed=1):
+    """Random [M, K] inputs of a linear layer (the quantized ops' tests)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(M, K, generator=g) * 2).to(device, dtype)
+
+
+def norm_inputs(M, K, dtype, device, seed=3):
+    """An un-normalised input and its RMSNorm statistic in three partial sums, the norm weight."""
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(M, K, generator=g) * 3).to(device, dtype)
+    sumsq = torch.stack([c.float().pow(2).sum(-1) for c in h.tensor_split(3, dim=-1)])
+    norm_w = (torch.rand(K, generator=g) + 0.5).to(device, dtype)
+    return h, (sumsq, norm_w, 1e-6)

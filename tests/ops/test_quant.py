@@ -17,7 +17,7 @@ from hotpath.ops import backend, quant
 from hotpath.ops.activation.reference import silu_and_mul
 from hotpath.ops.linear import reference as linear_ref
 from hotpath.ops.quant import reference
-from ops_cases import TOL, cuda, rel_err
+from ops_cases import TOL, activations, cuda, norm_inputs, rel_err
 
 FP8 = torch.float8_e4m3fn
 
@@ -32,20 +32,6 @@ def fp8_weight(N, K, block, device="cpu", seed=0):
     else:
         s = torch.rand(-(-N // block[0]), -(-K // block[1]), generator=g) / 1000 + 1e-5
     return w.to(device), s.to(device)
-
-
-def activations(M, K, dtype=torch.float32, device="cpu", seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(M, K, generator=g) * 2).to(device, dtype)
-
-
-def norm_inputs(M, K, dtype, device, seed=3):
-    """An un-normalised input and its RMSNorm statistic in three partial sums, the norm weight."""
-    g = torch.Generator().manual_seed(seed)
-    h = (torch.randn(M, K, generator=g) * 3).to(device, dtype)
-    sumsq = torch.stack([c.float().pow(2).sum(-1) for c in h.tensor_split(3, dim=-1)])
-    norm_w = (torch.rand(K, generator=g) + 0.5).to(device, dtype)
-    return h, (sumsq, norm_w, 1e-6)
 
 
 FP8_FORMATS = [None, (16, 64)]  # per-channel, and small blocks (the interpreter's shapes)

@@ -18,7 +18,7 @@ from hotpath.ops import quant
 from hotpath.ops.activation.reference import silu_and_mul
 from hotpath.ops.linear import reference as linear_ref
 from hotpath.ops.quant import reference
-from ops_cases import TOL, cuda, rel_err
+from ops_cases import TOL, activations, cuda, norm_inputs, rel_err
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -36,20 +36,6 @@ def int4_weight(N, K, group, act_order, dtype=torch.float32, device="cpu", seed=
         perm = reference.act_order_perm(g_idx, G)
     return (q.to(device), scales.to(device, dtype), zeros.to(device),
             None if perm is None else perm.to(device))
-
-
-def activations(M, K, dtype=torch.float32, device="cpu", seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(M, K, generator=g) * 2).to(device, dtype)
-
-
-def norm_inputs(M, K, dtype, device, seed=3):
-    """An un-normalised input and its RMSNorm statistic in three partial sums, the norm weight."""
-    g = torch.Generator().manual_seed(seed)
-    h = (torch.randn(M, K, generator=g) * 3).to(device, dtype)
-    sumsq = torch.stack([c.float().pow(2).sum(-1) for c in h.tensor_split(3, dim=-1)])
-    norm_w = (torch.rand(K, generator=g) + 0.5).to(device, dtype)
-    return h, (sumsq, norm_w, 1e-6)
 
 
 # (group, act-order): every group size in the wild
