@@ -50,8 +50,8 @@ operand, where Hopper's MMA takes it from registers), tiles grouped GROUP_M at a
 Rounding: the products are those of the exact integers q - z with x as it is (16-bit, or fp32
 with "ieee" dots), accumulated in fp32 per group and scaled in fp32; the reference dequantizes in
 fp32 and multiplies in fp32, so the two differ by summation order only. Tiles come from
-`choose_gemv_config` / `choose_gemm_config`, fixed rules of the shape (not measured yet; see
-benchmarks/bench_quant_gemv.py --sweep, and benchmarks/int4_codegen.py for what each config
+`choose_gemv_config` / `choose_gemm_config`, fixed rules of the shape set from an H200 sweep
+(benchmarks/bench_quant_gemv.py --sweep; and benchmarks/int4_codegen.py for what each config
 compiles to: registers, shared-memory round trips, SASS instructions a weight byte).
 """
 
@@ -113,26 +113,23 @@ class Int4GemmConfig:
 
 def choose_gemv_config(M: int, rows: int, K: int, slice_width: int,
                        device: torch.device) -> Int4GemvConfig:
-    """Tiles for M <= 16 rows of a [rows, K] weight (a static guess, not measured yet): 128 rows
-    x 16 words (8 KB; 128-162 registers a thread on sm_90, Triton 3.9, ~6-7 SASS instructions a
-    weight byte in the loop against 10-12 at 64 rows), 4 warps (8 warps leave x's 16 x 16
-    slices too small for asynchronous copies), 4 stages in flight, K split until there are
-    GEMV_PROGRAMS_PER_SM programs an SM. Every row count takes the same tile: the dot pads x to
-    16 rows anyway."""
+    """Tiles for M <= 16 rows of a [rows, K] weight: 128 rows x 16 words, 4 warps (8 warps leave
+    x's 16 x 16 slices too small for asynchronous copies), 3 stages in flight, K split until
+    there are GEMV_PROGRAMS_PER_SM programs an SM. Every row count takes the same tile: the dot
+    pads x to 16 rows anyway. From an H200 sweep at Qwen3-8B's shapes (docs/benchmarks.md, run
+    T): the best candidate of 19 was within 2% of this rule at 5 of 8 cases, 18-26% faster at
+    gate_up (a K split of 6 at 1 row, 2 at 16) and at o with 16 rows (64-row tiles)."""
     block_w, block_n = MIN_SLICE, 128
     split = split_for(triton.cdiv(rows, block_n), K // 8, block_w, device, GEMV_PROGRAMS_PER_SM)
-    return Int4GemvConfig(block_n, block_w, split, 4, 4)
+    return Int4GemvConfig(block_n, block_w, split, 4, 3)
 
 
 def choose_gemm_config(M: int, slice_width: int, device: torch.device) -> Int4GemmConfig:
-    """Tiles for more rows (not measured yet): 128 weight rows x 128 (64) x rows, 16-word tiles
-    (8 slices of 16 columns: 32 KB of x and 8 KB of words a stage at 128 x 128; 208 registers
-    a thread on sm_90 at S = 16, no spills)."""
+    """Tiles for more rows: 64 x rows by 128 weight rows, 16-word tiles, 4 warps, the fastest
+    of 8 candidates at every Qwen3-8B projection with 8,192 rows on an H200 (1.6-1.7x the
+    128 x 128, 8-warp tile: 190-240 TFLOP/s; docs/benchmarks.md, run T)."""
     hip = device.type == "cuda" and torch.version.hip is not None
-    stages = 2 if hip else 3
-    if M <= 64:
-        return Int4GemmConfig(64, 128, MIN_SLICE, 8, 4, stages)
-    return Int4GemmConfig(128, 128, MIN_SLICE, 8, 8, stages)
+    return Int4GemmConfig(64, 128, MIN_SLICE, 8, 4, 2 if hip else 3)
 
 
 # ---- dequantization ------------------------------------------------------------------------------
