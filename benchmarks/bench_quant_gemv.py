@@ -119,7 +119,7 @@ def gemm_candidates() -> list:
              (128, 128, 8, 4), (256, 128, 8, 3), (128, 256, 8, 3)]]
 
 
-def sweep(out_dir: str, models: list[str]) -> None:
+def sweep(out_dir: str, models: list[str], row_counts: list[int]) -> None:
     """Times int4 GEMV / GEMM tile candidates (AWQ-like: groups of 128, no act-order; the GEMV
     also with act-order's gather at the default tiles); each checked against the reference."""
     from dataclasses import asdict, replace
@@ -142,10 +142,10 @@ def sweep(out_dir: str, models: list[str]) -> None:
             zeros = torch.randint(0, 16, (N, K // GROUP), generator=g, device=device, dtype=torch.uint8)
             perm = torch.randperm(K, generator=g, device=device).to(torch.int32)
             nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
-            for rows in (1, 16, 8192):
+            for rows in row_counts:
                 x = torch.randn(rows, K, device=device, dtype=torch.bfloat16)
                 want = {p: reference.int4_linear(x, qweight, scales, zeros, GROUP, p).double()
-                        for p in (None, perm)} if rows < 8192 else \
+                        for p in (None, perm)} if rows <= 256 else \
                     {None: reference.int4_linear(x[:256], qweight, scales, zeros, GROUP).double()}
                 if rows <= quant.GEMV_MAX_ROWS:
                     default = triton_int4.choose_gemv_config(rows, N, K, 16, device)
@@ -162,7 +162,7 @@ def sweep(out_dir: str, models: list[str]) -> None:
                     try:
                         got = op(cfg, p).double()
                         ref = want[p]
-                        case["rel_err"] = float(((got[:256] if rows == 8192 else got) - ref).norm() / ref.norm())
+                        case["rel_err"] = float(((got[:256] if rows > 256 else got) - ref).norm() / ref.norm())
                         us = time_us(lambda: op(cfg, p), rows)
                         case.update(us=us, GBps=nbytes / us / 1e3, TFLOPs=2 * rows * N * K / us / 1e6)
                     except Exception as e:  # a config that does not compile or fit
@@ -185,10 +185,12 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time int4 tile candidates instead")
     parser.add_argument("--models", nargs="+", default=["qwen3-8b", "qwen2.5-coder-32b"],
                         help="the sweep's shapes: qwen3-8b, qwen2.5-coder-32b")
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 16, 8192],
+                        help="the sweep's row counts (up to 16: the GEMV; more: the GEMM)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
     if args.sweep:
-        sweep(args.out, args.models)
+        sweep(args.out, args.models, args.rows)
         return
     device = "cuda"
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
