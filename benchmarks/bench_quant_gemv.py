@@ -179,16 +179,51 @@ def sweep(out_dir: str, models: list[str], row_counts: list[int]) -> None:
     print(f"wrote {path}")
 
 
+def fused_forms(out_dir: str) -> None:
+    """The int4 GEMV at one row in the forms the decode chain calls (the RMSNorm folded into
+    x's loads, gate/up with SiLU-and-mul, the residual add), beside the plain form, at
+    Qwen2.5-Coder-32B's shapes with the default tiles."""
+    from hotpath.ops.quant import triton_int4
+
+    device = torch.device("cuda")
+    res = []
+    for proj, (N, K) in SHAPES_32B.items():
+        g = torch.Generator(device).manual_seed(N + K)
+        qweight = torch.randint(-2**31, 2**31 - 1, (N, K // 8), generator=g, device=device, dtype=torch.int32)
+        scales = (torch.rand(N, K // GROUP, generator=g, device=device) / 100).to(torch.float16)
+        zeros = torch.randint(0, 16, (N, K // GROUP), generator=g, device=device, dtype=torch.uint8)
+        x = torch.randn(1, K, device=device, dtype=torch.float16)
+        rms = (torch.rand(40, 1, device=device) * K / 40, torch.rand(K, device=device, dtype=torch.float16), 1e-6)
+        residual = torch.randn(1, N, device=device, dtype=torch.float16)
+        w = (qweight, scales, zeros, GROUP)
+        forms = {"plain": lambda: triton_int4.int4_linear(x, *w),
+                 "rms": lambda: triton_int4.int4_linear(x, *w, rms=rms),
+                 "gated_rms": lambda: triton_int4.int4_linear_silu_and_mul(x, *w, rms=rms),
+                 "residual": lambda: triton_int4.int4_linear_add_residual(x, *w, None, residual)}
+        nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
+        for form, fn in forms.items():
+            us = time_us(fn, 1)
+            res.append({"proj": proj, "form": form, "us": us, "GBps": nbytes / us / 1e3})
+            print(f"{proj:8} {form:10} {us:8.1f} us {nbytes / us / 1e3:6.0f} GB/s", flush=True)
+    with open(os.path.join(out_dir, "bench_int4_fused_forms.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--sweep", action="store_true", help="time int4 tile candidates instead")
     parser.add_argument("--models", nargs="+", default=["qwen3-8b", "qwen2.5-coder-32b"],
                         help="the sweep's shapes: qwen3-8b, qwen2.5-coder-32b")
+    parser.add_argument("--fused-forms", action="store_true",
+                        help="time the int4 GEMV's fused decode forms at Qwen2.5-Coder-32B's shapes instead")
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 16, 8192],
                         help="the sweep's row counts (up to 16: the GEMV; more: the GEMM)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
+    if args.fused_forms:
+        fused_forms(args.out)
+        return
     if args.sweep:
         sweep(args.out, args.models, args.rows)
         return
