@@ -37,6 +37,7 @@ class LLM:
         enforce_eager: bool = False,
         async_scheduling: bool | None = None,
         state_snapshot_stride: int = 1024,
+        speculative_config: dict | str | None = None,
     ) -> None:
         self.engine = Engine(EngineArgs(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, load_format=load_format,
@@ -48,6 +49,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             num_gpu_blocks_override=num_gpu_blocks_override, enforce_eager=enforce_eager,
             async_scheduling=async_scheduling, state_snapshot_stride=state_snapshot_stride,
+            speculative_config=speculative_config,
         ))
         self._request_ids = itertools.count()
 

@@ -32,6 +32,8 @@ class EngineArgs:
     enforce_eager: bool = False
     async_scheduling: bool | None = None  # None: on with a GPU, off on the CPU
     state_snapshot_stride: int = 1024
+    # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}, or its JSON text
+    speculative_config: dict | str | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +93,14 @@ class EngineArgs:
                        help="hybrid models' prefix caching: keep a snapshot of the linear-attention "
                             "state every this many tokens (a multiple of --block-size), besides "
                             "the end of each finished request")
+
+        g.add_argument("--speculative-config", default=None,
+                       help='speculative decoding, as JSON: {"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_min": 1, '
+                            '"prompt_lookup_max": 4} (drafts looked up in the context) or '
+                            '{"method": "draft_model", "model": "qwen2.5-coder-0.5b", '
+                            '"num_speculative_tokens": 4} (a smaller model with the same '
+                            'tokenizer); output is exactly the target model\'s (default: off)')
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

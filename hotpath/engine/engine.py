@@ -11,12 +11,15 @@ from pathlib import Path
 
 import torch
 
-from hotpath.config import EngineConfig
+from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.args import EngineArgs
 from hotpath.engine.detokenizer import detokenize_step
 from hotpath.engine.kv_cache import KVCacheManager
 from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
+from hotpath.engine.spec.config import SpeculativeConfig
+from hotpath.engine.spec.drafters import make_drafter
+from hotpath.engine.spec.stats import SpecStats
 from hotpath.engine.state_snapshots import StateSnapshots
 from hotpath.layers.quant.detect import read_quant_config
 from hotpath.models.registry import read_config
@@ -85,10 +88,15 @@ class Engine:
             state_snapshot_stride=args.state_snapshot_stride,
             kv_cache_dtype=args.kv_cache_dtype,
         )
+        self.spec_config = SpeculativeConfig.parse(args.speculative_config)
+        draft = self._draft_model() if self.spec_config and self.spec_config.method == "draft_model" else None
         self.runner = ModelRunner(
             self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,
-            args.seed, args.enforce_eager,
+            args.seed, args.enforce_eager, draft,
         )
+        if self.spec_config is not None and self.runner.state_layers:
+            raise ValueError("speculative decoding is not supported on hybrid (linear-attention) "
+                             "models yet: their recurrent state cannot be rolled back")
         capacity = self.runner.num_blocks * self.config.block_size
         if capacity < max_model_len:
             raise ValueError(
@@ -104,10 +112,18 @@ class Engine:
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching,
             self.runner.num_state_slots, snapshots,
         )
-        self.scheduler = Scheduler(self.config, self.kv_cache)
+        self.drafter = None
+        if self.spec_config is not None:
+            self.drafter = make_drafter(self.spec_config, self.runner, self.config.max_num_batched_tokens)
+        self.spec_stats = SpecStats(self.spec_config.num_speculative_tokens if self.spec_config else 0)
+        self.scheduler = Scheduler(self.config, self.kv_cache,
+                                   self._num_draft_slots if self.spec_config else None)
         self.requests: dict[str, Request] = {}
-        # async scheduling pays where the device runs apart from the host: on by default on a GPU
-        self.async_scheduling = (
+        # async scheduling pays where the device runs apart from the host: on by default on a GPU;
+        # a drafter needs every token on the host, so speculation runs steps synchronously
+        if self.spec_config is not None and args.async_scheduling:
+            raise ValueError("async scheduling does not combine with speculative decoding yet")
+        self.async_scheduling = self.spec_config is None and (
             self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
         )
         self._in_flight: LaunchedStep | None = None  # a launched step not collected yet
@@ -120,6 +136,28 @@ class Engine:
         )
 
     # ---- set-up helpers -----------------------------------------------------------------
+    def _draft_model(self) -> tuple[ModelConfig, Path]:
+        """The draft model's config and directory, checked against the target: it must share
+        the tokenizer (ids mean the same text) and cover the target's vocabulary."""
+        draft_dir = resolve_model_dir(self.spec_config.model)
+        cfg = read_config(draft_dir)
+        cfg.quantization = read_quant_config(draft_dir, None)
+        if cfg.vocab_size < self.model_config.vocab_size:
+            raise ValueError(f"draft model {self.spec_config.model} has {cfg.vocab_size} token ids, "
+                             f"fewer than the target's {self.model_config.vocab_size}")
+        if self.tokenizer is not None:
+            draft_tok = _load_tokenizer(draft_dir)
+            if draft_tok.get_vocab() != self.tokenizer.get_vocab():
+                raise ValueError(f"draft model {self.spec_config.model} does not share the target's "
+                                 "tokenizer (their vocabularies differ)")
+        return cfg, draft_dir
+
+    def _num_draft_slots(self, seq: Sequence) -> int:
+        """Drafts a decoding sequence may verify this step: k, fewer near max_tokens (a step
+        emits at most drafts + 1 tokens)."""
+        return max(0, min(self.spec_config.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1))
+
+
     def _resolve_dtype(self, dtype: str) -> torch.dtype:
         if dtype == "auto":
             return self.model_config.default_dtype(self.device)
@@ -240,6 +278,8 @@ class Engine:
             prev = None
         # sequences that finished as the drained step's tokens arrived need nothing more
         scheduled = [(seq, n) for seq, n in sched.scheduled if not seq.is_finished]
+        if self.drafter is not None:
+            scheduled = self._propose(scheduled)
         if scheduled:
             overlap = self._can_overlap(scheduled)
             launched = self._launch(scheduled, prev)
@@ -250,6 +290,17 @@ class Engine:
         if prev is not None:
             self._collect(prev, touched)
         return self._outputs(touched)
+
+    def _propose(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
+        """Drafts for the decoding sequences given draft slots; each then feeds its last token
+        and its drafts (the drafter may propose fewer than its slots, or none)."""
+        drafting = [(seq, n - 1) for seq, n in scheduled if n > 1 and seq.num_computed_tokens + 1 == seq.num_tokens]
+        if not drafting:
+            return scheduled
+        self.drafter.propose(*map(list, zip(*drafting)))
+        return [(seq, 1 + len(seq.draft_token_ids)) if seq.draft_token_ids or
+                (n > 1 and seq.num_computed_tokens + 1 == seq.num_tokens) else (seq, n)
+                for seq, n in scheduled]
 
     def _can_overlap(self, scheduled: list[tuple[Sequence, int]]) -> bool:
         """Whether this step may run while the host schedules the next one: every row that
@@ -307,12 +358,25 @@ class Engine:
             # before the token is appended: blocks whose K/V only a step still in flight computes
             # are registered when that step is collected, as without async scheduling
             self.kv_cache.cache_full_blocks(seq)
-            token = sampled.get(seq.seq_id)
-            if token is None:  # a prefill chunk: nothing sampled
+            tokens = sampled.get(seq.seq_id)
+            if tokens is None:  # a prefill chunk: nothing sampled
                 continue
             seq.num_pending_tokens -= 1
             req = self.requests[seq.request_id]
-            self._append_token(req, seq, token)
+            drafts = len(seq.draft_token_ids)
+            if drafts:  # a verify step: the rejected drafts' K/V are not the sequence's
+                accepted = len(tokens) - 1
+                seq.num_computed_tokens -= drafts - accepted
+                seq.num_drafted += drafts
+                seq.num_accepted += accepted
+                self.spec_stats.record(drafts, accepted)
+                seq.draft_token_ids, seq.draft_probs = [], None
+            for token in tokens:  # stops are checked token by token: the rest is dropped
+                self._append_token(req, seq, token)
+                if seq.is_finished:
+                    break
+            if drafts and not seq.is_finished:
+                self.kv_cache.trim(seq, seq.num_tokens)
             if req.first_token_time is None:
                 req.first_token_time = now
             touched[req.request_id] = req
@@ -383,6 +447,9 @@ class Engine:
                 stop_reason=seq.stop_reason,
             ))
         metrics = {"arrival_time": req.arrival_time}
+        if self.spec_config is not None:  # drafts verified for the request, and accepted
+            metrics["spec_num_draft_tokens"] = sum(s.num_drafted for s in req.seqs)
+            metrics["spec_num_accepted_tokens"] = sum(s.num_accepted for s in req.seqs)
         if req.first_token_time is not None:
             metrics["first_token_time"] = req.first_token_time
         if req.finished_time is not None:

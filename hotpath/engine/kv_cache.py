@@ -153,6 +153,17 @@ class KVCacheManager:
                 block.block_hash, block.parent_hash, block.token_ids = h, parent, chunk
                 self.cached[h] = block.block_id
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Frees seq's blocks past those that hold `num_tokens` tokens (a verify step's rejected
+        drafts had blocks of their own). Freed tail blocks were never registered: a block is
+        registered only once full of tokens on the host."""
+        keep = -(-num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table.pop()]
+            assert block.ref_count == 1 and block.block_hash is None
+            block.ref_count = 0
+            self.free_ids.append(block.block_id)
+
     def free(self, seq: Sequence) -> None:
         if self.snapshots is not None:
             self.snapshots.release(seq)  # needs the block hashes, cleared below
@@ -169,7 +180,7 @@ class KVCacheManager:
                     self.free_ids.append(block_id)
         seq.block_table = []
         seq.block_hashes = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_draft_computed = 0
         if seq.state_slot is not None:  # a preempted sequence starts its state again
             self.free_state_slots.append(seq.state_slot)
             seq.state_slot = None

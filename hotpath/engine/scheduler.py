@@ -10,6 +10,8 @@ Each step:
    Under async scheduling a step is scheduled while the previous one runs: a sequence's newest
    token may still be pending on the device (counted by num_tokens all the same), and one whose
    pending token is its max_tokens-th is skipped, as it will finish when that token arrives.
+   With speculative decoding a decoding sequence takes 1 + its draft slots (its last token and
+   the drafts a verify step checks), in blocks and in budget.
 2. If nothing was preempted, waiting sequences are admitted in arrival order while the budget, the
    free blocks and max_num_seqs allow, reusing prefix-cached blocks.
 """
@@ -17,6 +19,7 @@ Each step:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hotpath.config import EngineConfig
@@ -35,9 +38,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv_cache: KVCacheManager) -> None:
+    def __init__(self, config: EngineConfig, kv_cache: KVCacheManager,
+                 num_draft_slots: Callable[[Sequence], int] | None = None) -> None:
         self.config = config
         self.kv_cache = kv_cache
+        # speculative decoding: how many drafts a decoding sequence may verify this step (its
+        # blocks and token budget are reserved for them; the drafter may propose fewer)
+        self.num_draft_slots = num_draft_slots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -58,6 +65,8 @@ class Scheduler:
                 i += 1  # its last token is being sampled already (async scheduling)
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if self.num_draft_slots is not None and seq.num_tokens - seq.num_computed_tokens == 1:
+                num_new = min(1 + self.num_draft_slots(seq), budget)
             if not self._allocate_or_preempt(seq, num_new, out):
                 break  # seq itself was preempted, and it was the last running one
             out.scheduled.append((seq, num_new))

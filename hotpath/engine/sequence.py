@@ -48,6 +48,13 @@ class Sequence:
     restore_snapshot: int | None = None
     save_at: tuple[int, int] | None = None  # (tokens into this step's chunk, snapshot id)
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first scheduling, for metrics
+    # speculative decoding (engine/spec): this step's drafts, fed after its last token and
+    # verified by the step; the distribution each was drawn from ([k, vocab], None: point mass)
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
+    num_draft_computed: int = 0  # tokens whose draft-model K/V are in the cache
+    num_drafted: int = 0  # drafts verified so far, for metrics
+    num_accepted: int = 0  # of which accepted
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     text: str = ""

@@ -34,6 +34,7 @@ class ForwardBatch:
     # hybrid prefix caching: (row, tokens into the row's chunk, snapshot id) where the step saves
     # the state of the linear-attention layers, on the host
     state_saves: list[tuple[int, int, int]] | None = None
+    cu_query_lens_host: list[int] | None = None  # cu_query_lens as the host built it
 
     @property
     def num_seqs(self) -> int:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -51,11 +51,22 @@ class LaunchedStep:
     host: list[torch.Tensor | None]  # token ids, logprobs, top ids, top logprobs, copied to the host
     done: torch.cuda.Event | None  # recorded after those copies (None off CUDA: already there)
     out_slot: int | None = None  # the decode inputs' host ring row `host` views, freed on collect
+    verified: dict[int, list[SampledToken]] | None = None  # a verify step's tokens, on the host
 
     def rows_of(self, seqs: list[Sequence]) -> list[int]:
         """The rows that sampled these sequences' tokens in this step."""
         rows = {s.seq_id: i for i, s in enumerate(self.sampling)}
         return [rows[s.seq_id] for s in seqs]
+
+
+class Row(NamedTuple):
+    """A sequence's tokens in one forward: `tokens` at positions first, first + 1, ... over its
+    block table, logits wanted for the last `num_logits` of them."""
+
+    seq: Sequence
+    first: int
+    tokens: list[int]
+    num_logits: int
 
 
 class Replayable(Protocol):
@@ -125,6 +136,7 @@ class ModelRunner:
         dtype: torch.dtype,
         seed: int = 0,
         enforce_eager: bool = False,
+        draft: tuple[ModelConfig, Path] | None = None,
     ) -> None:
         self.model_config = model_config
         self.engine_config = engine_config
@@ -133,10 +145,16 @@ class ModelRunner:
         self.model = load_model(
             model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed
         )
+        # speculative decoding's draft model: its K/V blocks are the target's block ids in
+        # tensors of its own, sized and allocated with the target's (engine/spec/drafters.py)
+        self.draft_model = None if draft is None else load_model(
+            draft[0], draft[1], load_format, device, dtype, engine_config.max_model_len, seed + 1)
         self.block_size = engine_config.block_size
         # K and V in the model dtype, or in fp8 (half bf16's bytes a token: twice the blocks fit)
         self.kv_cache_dtype = fp8_dtype(device) if engine_config.kv_cache_dtype == "fp8" else dtype
         layers = self.model.cache_layers()
+        if self.draft_model is not None:
+            layers = layers + self.draft_model.cache_layers()
         self.kv_layers = [layer for layer in layers if isinstance(layer.cache_spec(), KVCacheSpec)]
         self.state_layers = [layer for layer in layers if isinstance(layer.cache_spec(), StateCacheSpec)]
         # a state slot per sequence the scheduler may run at once, each freed when its sequence
@@ -226,42 +244,63 @@ class ModelRunner:
         self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence]]:
         """The step's flat batch tensors, and the sequences that sample, in row order. A decode
-        row whose input token is still pending takes it from `prev`'s sampled ids on the device."""
+        row whose input token is still pending takes it from `prev`'s sampled ids on the device.
+        A sequence with drafts (speculative decoding) feeds them after its last token and gets
+        logits at each of them too (a verify step)."""
+        rows: list[Row] = []
+        pending: list[tuple[Sequence, int]] = []  # (sequence, row) of pending input tokens
+        for seq, num_new in scheduled:
+            start = seq.num_computed_tokens
+            drafts = seq.draft_token_ids
+            end = start + num_new - len(drafts)  # past the sequence's own tokens
+            if end > seq.num_known_tokens:  # only a decode's one token can be pending
+                assert num_new == 1 and prev is not None, "a pending input token without its step"
+                pending.append((seq, len(rows)))
+                tokens = [0]
+            else:
+                tokens = seq.all_token_ids[start:end] + drafts
+            rows.append(Row(seq, start, tokens, 1 + len(drafts) if end == seq.num_tokens else 0))
+        ids, positions, batch, order = self.rows_batch(rows, state=True)
+        if pending:
+            at = {r: batch.cu_query_lens_host[i] for i, r in enumerate(order)}  # row -> first token
+            index = torch.tensor([at[r] for _, r in pending], dtype=torch.int64)
+            rows_prev = torch.tensor(prev.rows_of([seq for seq, _ in pending]), dtype=torch.int64)
+            ids[index.to(self.device, non_blocking=True)] = prev.token_ids[rows_prev.to(self.device, non_blocking=True)]
+        return ids, positions, batch, [rows[r].seq for r in order if rows[r].num_logits]
+
+    def rows_batch(self, rows: list[Row], state: bool = False) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[int]]:
+        """A forward's flat batch from rows of tokens at positions over each sequence's block
+        table: (input ids, positions, batch, the rows' order in it). Few-query rows go first, so
+        a mixed step's attention splits there (ForwardBatch.split); `batch.logits_indices` lists
+        each row's last `num_logits` tokens, in that order. `state`: the rows are the model's own
+        step, whose hybrid state slots and snapshots the batch carries."""
+        order = sorted(range(len(rows)), key=lambda r: len(rows[r].tokens) > DECODE_MAX_QUERY_LEN)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         cu_query_lens = [0]
         context_lens: list[int] = []
         logits_indices: list[int] = []
-        sampling: list[Sequence] = []
-        pending: list[tuple[int, Sequence]] = []  # (token index, sequence) of pending input tokens
         bs = self.block_size
-        # few-query rows first: a mixed step's attention splits there (ForwardBatch.split)
-        few = [(seq, n) for seq, n in scheduled if n <= DECODE_MAX_QUERY_LEN]
-        scheduled = few + [(seq, n) for seq, n in scheduled if n > DECODE_MAX_QUERY_LEN]
-        for seq, num_new in scheduled:
-            start = seq.num_computed_tokens
-            end = start + num_new
-            if end > seq.num_known_tokens:  # only a decode's one token can be pending
-                assert num_new == 1 and prev is not None, "a pending input token without its step"
-                pending.append((len(input_ids), seq))
-                input_ids.append(0)
-            else:
-                input_ids.extend(seq.all_token_ids[start:end])
+        for r in order:
+            seq, start, tokens, num_logits = rows[r]
+            end = start + len(tokens)
+            input_ids.extend(tokens)
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            cu_query_lens.append(cu_query_lens[-1] + num_new)
+            cu_query_lens.append(cu_query_lens[-1] + len(tokens))
             context_lens.append(end)
-            if end == seq.num_tokens:
-                logits_indices.append(cu_query_lens[-1] - 1)
-                sampling.append(seq)
-        max_blocks = max(len(seq.block_table) for seq, _ in scheduled)
-        block_tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
+            logits_indices.extend(range(cu_query_lens[-1] - num_logits, cu_query_lens[-1]))
+        seqs = [rows[r].seq for r in order]
+        max_blocks = max(len(seq.block_table) for seq in seqs)
+        block_tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in seqs]
 
         def t(data: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(data, dtype=dtype, device="cpu").to(self.device, non_blocking=True)
 
+        scheduled = [(rows[r].seq, len(rows[r].tokens)) for r in order]
+        stateful = state and bool(self.state_layers)
         batch = ForwardBatch(
             cu_query_lens=t(cu_query_lens, torch.int32),
             context_lens=t(context_lens, torch.int32),
@@ -270,17 +309,14 @@ class ModelRunner:
             logits_indices=t(logits_indices, torch.int64),
             max_query_len=max(n for _, n in scheduled),
             max_context_len=max(context_lens),
-            state_slots=t([seq.state_slot for seq, _ in scheduled], torch.int64) if self.state_layers else None,
-            state_saves=self._state_saves(scheduled),
+            state_slots=t([seq.state_slot for seq in seqs], torch.int64) if stateful else None,
+            state_saves=self._state_saves(scheduled) if stateful else None,
+            cu_query_lens_host=cu_query_lens,
         )
-        if 0 < len(few) < len(scheduled):
-            batch.split = self._split_batch(batch, len(few), cu_query_lens, context_lens, scheduled)
-        ids = t(input_ids, torch.int64)  # [num_tokens]
-        if pending:
-            index = t([i for i, _ in pending], torch.int64)
-            rows = t(prev.rows_of([seq for _, seq in pending]), torch.int64)
-            ids[index] = prev.token_ids[rows]
-        return ids, t(positions, torch.int64), batch, sampling
+        num_few = sum(1 for _, n in scheduled if n <= DECODE_MAX_QUERY_LEN)
+        if 0 < num_few < len(scheduled):
+            batch.split = self._split_batch(batch, num_few, cu_query_lens, context_lens, scheduled)
+        return t(input_ids, torch.int64), t(positions, torch.int64), batch, order
 
     def _state_saves(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[int, int, int]] | None:
         """Hybrid models: first the snapshots the step's sequences start from (a prefix hit) are
@@ -383,7 +419,9 @@ class ModelRunner:
                 self._save_decoded_snapshots(scheduled)
             if not sampling:
                 return LaunchedStep(scheduled, [], None, [], None)
-            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_sampled, vocab]
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_logits, vocab]
+            if any(seq.draft_token_ids for seq in sampling):
+                return self._verify(scheduled, sampling, logits)
         out = self.sampler(
             logits,
             [s.params for s in sampling],
@@ -398,6 +436,30 @@ class ModelRunner:
         return self._launched(
             scheduled, sampling, out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs
         )
+
+    def _verify(self, scheduled: list[tuple[Sequence, int]], sampling: list[Sequence],
+                logits: torch.Tensor) -> LaunchedStep:
+        """A verify step's tokens: each sequence's accepted drafts and one token more
+        (hotpath/runner/rejection.py), on the host when this returns."""
+        from hotpath.runner.rejection import verify_drafts
+
+        verified = verify_drafts(
+            logits,
+            [s.draft_token_ids for s in sampling],
+            [s.draft_probs for s in sampling],
+            [s.params for s in sampling],
+            [s.prompt_token_ids for s in sampling],
+            [s.output_token_ids for s in sampling],
+            [s.generator for s in sampling],
+            [list(s.stop_token_ids) if s.params.min_tokens else [] for s in sampling],
+        )
+        tokens = {}
+        for i, seq in enumerate(sampling):
+            n = seq.params.logprobs or 0
+            tops = verified.top_logprobs[i] if verified.top_logprobs is not None and n else None
+            tokens[seq.seq_id] = [SampledToken(t, lp, tops[j][:n] if tops else [])
+                                  for j, (t, lp) in enumerate(zip(verified.token_ids[i], verified.logprobs[i]))]
+        return LaunchedStep(scheduled, sampling, None, [], None, verified=tokens)
 
     def _launched(
         self,
@@ -429,8 +491,11 @@ class ModelRunner:
             done.record()
         return LaunchedStep(scheduled, sampling, token_ids, host, done, out_slot)
 
-    def collect(self, step: LaunchedStep) -> dict[int, SampledToken]:
-        """Waits for a launched step's tokens; returns each sampling sequence's token, by seq_id."""
+    def collect(self, step: LaunchedStep) -> dict[int, list[SampledToken]]:
+        """Waits for a launched step's tokens; returns each sampling sequence's tokens (one, or
+        a verify step's accepted drafts and the token after them), by seq_id."""
+        if step.verified is not None:
+            return step.verified
         if step.done is not None:
             step.done.synchronize()  # the step's one host synchronisation
         if not step.sampling:
@@ -445,7 +510,7 @@ class ModelRunner:
         for i, seq in enumerate(step.sampling):
             n = seq.params.logprobs or 0
             top = list(zip(top_ids[i][:n], top_vals[i][:n])) if top_ids is not None and n else []
-            result[seq.seq_id] = SampledToken(ids[i], lps[i], top)
+            result[seq.seq_id] = [SampledToken(ids[i], lps[i], top)]
         return result
 
     # ---- CUDA graphs for decode ---------------------------------------------------------

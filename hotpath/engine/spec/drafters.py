@@ -1,0 +1,110 @@
+"""Drafters: what proposes the tokens a verify step checks.
+
+A drafter sets `seq.draft_token_ids` (at most the number of draft slots the scheduler reserved)
+and `seq.draft_probs`, the distribution each draft was drawn from ([k, vocab] float32 on the
+device; None where drafts are point masses, as n-gram lookups are). Verification
+(hotpath/runner/rejection.py) makes the output exactly the target's whatever a drafter proposes;
+a drafter only decides how many tokens a step gains.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from hotpath.engine.sequence import Sequence
+from hotpath.engine.spec.config import SpeculativeConfig
+from hotpath.engine.spec.ngram import ngram_propose
+from hotpath.runner.model_runner import ModelRunner, Row
+from hotpath.runner.sampler import probabilities, process_logits
+
+
+class Drafter(Protocol):
+    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+        """Drafts for each decoding sequence, at most slots[i] of them."""
+
+
+class NgramDrafter:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
+
+    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+        for seq, k in zip(seqs, slots):
+            seq.draft_token_ids = ngram_propose(seq.all_token_ids, k, self.min_n, self.max_n)
+            seq.draft_probs = None
+
+
+class DraftModelDrafter:
+    """A smaller model of the same tokenizer drafts autoregressively. Its K/V live in the
+    runner's draft cache under the target's block tables (the same block ids, its own tensors),
+    so the target's block bookkeeping (allocation, rollback, preemption) covers it. Each step it
+    first catches up on the sequence's tokens it has not seen (a whole prompt after a prefill,
+    else the last step's accepted tokens), chunked by the token budget, which gives its first
+    draft; then it runs one token at a time for the rest."""
+
+    def __init__(self, runner: ModelRunner, max_tokens_per_forward: int) -> None:
+        assert runner.draft_model is not None
+        self.runner = runner
+        self.model = runner.draft_model
+        self.vocab_size = runner.model_config.vocab_size  # the target's: the draft's rows are cut to it
+        self.max_tokens = max_tokens_per_forward
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+        for seq in seqs:
+            seq.draft_token_ids, seq.draft_probs = [], None
+        probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq in seqs}
+        # catch up, in forwards of at most max_tokens tokens; a row's logits once it is caught up
+        todo = list(seqs)
+        while todo:
+            budget, rows = self.max_tokens, []
+            for seq in todo:
+                n = min(seq.num_tokens - seq.num_draft_computed, budget)
+                if n == 0:
+                    break
+                first = seq.num_draft_computed
+                rows.append(Row(seq, first, seq.all_token_ids[first : first + n], int(first + n == seq.num_tokens)))
+                budget -= n
+            self._step(rows, probs)
+            for row in rows:
+                row.seq.num_draft_computed += len(row.tokens)
+            todo = [seq for seq in todo if seq.num_draft_computed < seq.num_tokens]
+        # then one token at a time
+        for i in range(1, max(slots)):
+            rows = [Row(seq, seq.num_tokens + i - 1, seq.draft_token_ids[-1:], 1)
+                    for seq, k in zip(seqs, slots) if k > i]
+            self._step(rows, probs)
+        for seq in seqs:
+            if probs[seq.seq_id] and not seq.params.greedy:
+                seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
+
+    def _step(self, rows: list[Row], probs: dict[int, list[torch.Tensor]]) -> None:
+        """One forward of the draft model over `rows`; each row with logits gets its next draft."""
+        ids, positions, batch, order = self.runner.rows_batch(rows)
+        hidden = self.model(ids, positions, batch)
+        sampling = [rows[r].seq for r in order if rows[r].num_logits]
+        if not sampling:
+            return
+        logits = self.model.compute_logits(hidden[batch.logits_indices])[:, : self.vocab_size]
+        params = [s.params for s in sampling]
+        history = [s.output_token_ids + s.draft_token_ids for s in sampling]
+        logits = process_logits(logits, params, [s.prompt_token_ids for s in sampling], history,
+                                [list(s.stop_token_ids) if s.params.min_tokens else [] for s in sampling])
+        tokens = logits.argmax(dim=-1)  # [rows]: greedy requests draft the draft's argmax
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled:
+            index = torch.tensor(sampled, device=logits.device)
+            q = probabilities(logits[index], [params[i] for i in sampled])  # [sampled, vocab]
+            for j, i in enumerate(sampled):
+                seq = sampling[i]
+                tokens[i] = torch.multinomial(q[j], 1, generator=seq.generator)[0]
+                probs[seq.seq_id].append(q[j])
+        for seq, token in zip(sampling, tokens.tolist()):
+            seq.draft_token_ids.append(token)
+
+
+def make_drafter(config: SpeculativeConfig, runner: ModelRunner, max_tokens_per_forward: int) -> Drafter:
+    if config.method == "ngram":
+        return NgramDrafter(config)
+    return DraftModelDrafter(runner, max_tokens_per_forward)

@@ -1,0 +1,159 @@
+"""Speculative decoding through the engine: greedy output with speculation equals it without,
+token for token, for each drafter, on dense and MoE tiny models, through chunked prefill,
+preemption and prefix-cache hits; stops inside an accepted run; acceptance counts."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hotpath import LLM, SamplingParams
+from hotpath.engine.spec.config import SpeculativeConfig
+from hotpath.engine.spec.ngram import ngram_propose
+
+LENGTHS = [5, 33, 70, 16, 48, 91]
+PARAMS = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["qwen2-gqa4-tied", "qwen3moe-e7-top3-sparse2"])
+def setup(request, tiny_model_factory, tmp_path_factory):
+    """(target dir, a draft: the target with its weights perturbed, prompts). Prompts repeat a
+    stretch of themselves, so n-gram lookups find something."""
+    path, hf_model = tiny_model_factory(request.param)
+    g = torch.Generator().manual_seed(11)
+    vocab = hf_model.config.vocab_size
+    prompts = []
+    for n in LENGTHS:
+        p = torch.randint(3, vocab, (n,), generator=g).tolist()
+        prompts.append(p + p[: n // 2])
+    draft = tmp_path_factory.mktemp(f"draft-{request.param}")
+    for f in path.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, draft / f.name)
+    for f in path.glob("*.safetensors"):
+        tensors = load_file(f)
+        noisy = {k: v + 0.3 * v.std() * torch.randn(v.shape, generator=g) if v.dim() >= 2 else v
+                 for k, v in tensors.items()}
+        save_file(noisy, draft / f.name, metadata={"format": "pt"})
+    return str(path), str(draft), prompts
+
+
+def run(path, prompts, params=PARAMS, **kwargs):
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", **{"max_model_len": 512, **kwargs})
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return llm, outs
+
+
+@pytest.fixture(scope="module")
+def plain(setup):
+    path, _, prompts = setup
+    return [o.outputs[0].token_ids for o in run(path, prompts)[1]]
+
+
+def drafters(draft):
+    return {
+        "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        "draft_model": {"method": "draft_model", "model": draft, "num_speculative_tokens": 4},
+    }
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("case", ["together", "chunked", "preempted", "prefix_hits"])
+def test_greedy_equals_plain(setup, plain, method, case):
+    path, draft, prompts = setup
+    kwargs = {"speculative_config": drafters(draft)[method]}
+    if case == "chunked":
+        kwargs["max_num_batched_tokens"] = 20
+    if case == "preempted":  # too few blocks for all six at once: the newest are preempted
+        kwargs["num_gpu_blocks_override"] = 24
+        kwargs["max_model_len"] = 256
+        kwargs["enable_prefix_caching"] = False
+    llm, outs = run(path, prompts, **kwargs)
+    if case == "prefix_hits":
+        hits = llm.engine.kv_cache.prefix_hit_tokens
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+        assert llm.engine.kv_cache.prefix_hit_tokens > hits
+    if case == "preempted":
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    stats = llm.engine.spec_stats
+    assert stats.num_draft_tokens > 0 and 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
+    drafted = sum(o.metrics["spec_num_draft_tokens"] for o in outs)
+    accepted = sum(o.metrics["spec_num_accepted_tokens"] for o in outs)
+    assert 0 < accepted <= drafted
+
+
+def test_self_draft_accepts_everything(setup, plain):
+    """The target drafting for itself: every draft is its own greedy token."""
+    path, _, prompts = setup
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 5}
+    llm, outs = run(path, prompts, speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    stats = llm.engine.spec_stats
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
+    assert stats.accepted_per_pos == stats.drafted_per_pos
+
+
+def test_stops_inside_an_accepted_run(setup, plain):
+    """max_tokens and a stop token that fall inside a run of accepted drafts end the output
+    there, as without speculation."""
+    path, _, prompts = setup
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 5}
+    for params in (SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
+                   SamplingParams(temperature=0, max_tokens=32, ignore_eos=True,
+                                  stop_token_ids=[plain[2][9]])):
+        want = [o.outputs[0].token_ids for o in run(path, prompts, params)[1]]
+        got = [o.outputs[0].token_ids for o in run(path, prompts, params, speculative_config=spec)[1]]
+        assert got == want
+
+
+def test_logprobs_match_plain(setup):
+    path, _, prompts = setup
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    want = run(path, prompts[:3], params)[1]
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
+    got = run(path, prompts[:3], params, speculative_config=spec)[1]
+    for w, g in zip(want, got):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lw, lg in zip(w.outputs[0].logprobs, g.outputs[0].logprobs):
+            assert lw.keys() == lg.keys()
+            for t in lw:
+                assert lg[t].logprob == pytest.approx(lw[t].logprob, abs=1e-4)
+                assert lg[t].rank == lw[t].rank
+
+
+def test_ngram_propose():
+    ctx = [5, 6, 7, 8, 1, 2, 5, 6, 7, 9, 4, 5, 6, 7]
+    # the longest suffix (5, 6, 7) last occurred at 6..8, followed by 9, 4, 5
+    assert ngram_propose(ctx, 3, 1, 3) == [9, 4, 5]
+    assert ngram_propose(ctx, 8, 1, 3) == [9, 4, 5, 6, 7]  # up to the end of the context
+    assert ngram_propose([1, 2, 3], 3, 1, 3) == []
+    assert ngram_propose([1, 2, 3, 4, 9, 3, 4], 2, 2, 2) == [9, 3]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"num_speculative_tokens": 3}, "needs 'method'"),
+    ({"method": "eagle", "num_speculative_tokens": 3}, "not one of"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 9}, r"\[1, 7\]"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, "needs 'model'"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "typo": 1}, "unknown speculative config keys"),
+    ("{not json", "not valid JSON"),
+])
+def test_bad_config(bad, message):
+    with pytest.raises(ValueError, match=message):
+        SpeculativeConfig.parse(bad)
+
+
+def test_json_config():
+    cfg = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 2}')
+    assert cfg.method == "ngram" and cfg.num_speculative_tokens == 2
+
+
+def test_hybrid_refused(tiny_model_factory):
+    path, _ = tiny_model_factory("qwen3next-hybrid")
+    with pytest.raises(ValueError, match="hybrid"):
+        LLM(str(path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=128,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2})
