@@ -5,6 +5,10 @@ argmax; the other rows go through temperature, top-k, top-p, min-p and an expone
 Returned logprobs are always those of the raw logits, so penalties and temperature never change
 what a client sees as the model's probabilities.
 
+`process_logits` (penalties and suppression) and `probabilities` (the distribution a sampled row
+draws from) are the two halves of that pipeline; speculative verification (runner/rejection.py)
+reuses them so that it accepts drafts against exactly the distribution this sampler draws from.
+
 Every per-row setting is decided from the Python-side params, never by reading a device tensor
 back, so the sampler adds no host sync beyond the caller copying the tokens out.
 """
@@ -44,11 +48,9 @@ class Sampler:
         num_seqs = logits.shape[0]
         raw_logprobs = torch.log_softmax(logits, dim=-1)  # [num_seqs, vocab]
 
-        logits = apply_penalties(logits, params, prompt_token_ids, output_token_ids)
-        if suppressed_token_ids is not None:
-            logits = suppress_below_min_tokens(
-                logits, params, output_token_ids, suppressed_token_ids
-            )
+        logits = process_logits(
+            logits, params, prompt_token_ids, output_token_ids, suppressed_token_ids
+        )
 
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -73,6 +75,26 @@ class Sampler:
             return SamplerOutput(token_ids, logprobs, None, None)
         top_logprobs, top_logprob_ids = raw_logprobs.topk(max(requested), dim=-1)  # [num_seqs, k]
         return SamplerOutput(token_ids, logprobs, top_logprob_ids, top_logprobs)
+
+
+def process_logits(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    prompt_token_ids: list[list[int]],
+    output_token_ids: list[list[int]],
+    suppressed_token_ids: list[list[int]] | None = None,
+) -> torch.Tensor:
+    """What the Sampler does to each row before choosing: penalties, then min_tokens suppression.
+
+    `logits` is [num_rows, vocab]; every list holds one entry per row (a row's history is its
+    prompt and the output it follows). Returns `logits` itself when nothing applies, else a new
+    tensor. Speculative verification (runner/rejection.py) runs it over rows whose output
+    histories include the drafts before them.
+    """
+    logits = apply_penalties(logits, params, prompt_token_ids, output_token_ids)
+    if suppressed_token_ids is not None:
+        logits = suppress_below_min_tokens(logits, params, output_token_ids, suppressed_token_ids)
+    return logits
 
 
 def apply_penalties(
@@ -127,14 +149,7 @@ def sample(
 ) -> torch.Tensor:
     """Draw one token per row ([num_rows, vocab] -> [num_rows] int64) from the tempered, truncated
     distribution. No row may be greedy."""
-    logits = logits / _column([p.temperature for p in params], logits)
-    logits = apply_top_k_top_p(logits, params)
-    probs = logits.softmax(dim=-1)  # [num_rows, vocab]
-
-    if any(p.min_p > 0.0 for p in params):
-        min_p = _column([p.min_p for p in params], probs)  # [num_rows, 1]
-        threshold = min_p * probs.max(dim=-1, keepdim=True).values  # [num_rows, 1]
-        probs = probs.masked_fill(probs < threshold, 0.0)
+    probs = _truncated_probs(logits, params)  # [num_rows, vocab], min-p rows not renormalized
 
     # Exponential race: argmax(p_i / q_i) with q_i ~ Exp(1) picks token i with probability
     # p_i / sum(p); no renormalization needed and each row's randomness is its own q row.
@@ -147,6 +162,34 @@ def sample(
     # exponential_ can return exactly 0; 0/0 would be NaN, which argmax would pick.
     q.clamp_min_(torch.finfo(q.dtype).tiny)
     return (probs / q).argmax(dim=-1)
+
+
+def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution `sample` draws each row from: temperature, top-k, top-p, min-p.
+
+    [num_rows, vocab] logits (already through `process_logits`) -> [num_rows, vocab] float32
+    probabilities, each row summing to 1 (tokens cut by top-k / top-p / min-p are exactly 0).
+    No row may be greedy (temperature 0 would divide by zero).
+    """
+    probs = _truncated_probs(logits, params)
+    if any(p.min_p > 0.0 for p in params):
+        # min-p zeroes tokens after the softmax; the exponential race needs no renormalization,
+        # a caller reading probabilities does.
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _truncated_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, top-k, top-p, softmax, then min-p's cut left unnormalized: [num_rows, vocab]."""
+    logits = logits / _column([p.temperature for p in params], logits)
+    logits = apply_top_k_top_p(logits, params)
+    probs = logits.softmax(dim=-1)  # [num_rows, vocab]
+
+    if any(p.min_p > 0.0 for p in params):
+        min_p = _column([p.min_p for p in params], probs)  # [num_rows, 1]
+        threshold = min_p * probs.max(dim=-1, keepdim=True).values  # [num_rows, 1]
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
 
 
 def apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

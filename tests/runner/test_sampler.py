@@ -4,7 +4,14 @@ from collections import Counter
 import pytest
 import torch
 
-from hotpath.runner.sampler import Sampler, SamplerOutput, apply_penalties
+from hotpath.runner.sampler import (
+    Sampler,
+    SamplerOutput,
+    apply_penalties,
+    probabilities,
+    process_logits,
+    suppress_below_min_tokens,
+)
 from hotpath.sampling_params import SamplingParams
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -148,6 +155,36 @@ def test_empirical_distribution_global_rng(device, params):
     torch.manual_seed(1234)
     out = run(row.to(device).expand(num, 8), [params] * num)
     assert_matches_distribution(out.token_ids, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_probabilities_are_the_distribution_sample_draws_from(device):
+    rows = random_logits(len(DISTRIBUTION_CASES), 8, "cpu")
+    probs = probabilities(rows.to(device), DISTRIBUTION_CASES)
+    assert probs.dtype == torch.float32 and probs.shape == rows.shape
+    expected = [expected_distribution(row.tolist(), p) for row, p in zip(rows, DISTRIBUTION_CASES)]
+    assert torch.allclose(probs.cpu(), torch.tensor(expected), atol=1e-6)
+    assert torch.equal(probs.cpu() == 0, torch.tensor(expected) == 0)  # cut tokens are exactly 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_process_logits_is_penalties_then_suppression(device):
+    logits = random_logits(3, 30, device)
+    params = [
+        SamplingParams(repetition_penalty=1.4, frequency_penalty=0.5, min_tokens=3),
+        SamplingParams(presence_penalty=1.0, min_tokens=1),
+        SamplingParams(),
+    ]
+    prompts, outputs, suppressed = [[1, 2]] * 3, [[3, 3], [4], []], [[5, 6]] * 3
+    got = process_logits(logits, params, prompts, outputs, suppressed)
+    expected = suppress_below_min_tokens(
+        apply_penalties(logits, params, prompts, outputs), params, outputs, suppressed
+    )
+    assert torch.equal(got, expected)
+    assert got[0, 5] == got[0, 6] == float("-inf") and got[1, 5] != float("-inf")
+    assert torch.equal(process_logits(logits, params, prompts, outputs),
+                       apply_penalties(logits, params, prompts, outputs))
+    assert process_logits(logits, [SamplingParams()] * 3, prompts, outputs) is logits
 
 
 @pytest.mark.parametrize("device", DEVICES)
