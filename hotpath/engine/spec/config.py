@@ -15,9 +15,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 METHODS = ("ngram", "draft_model")
-# a verify step is a few-query row of the decode attention kernel (ops.attention.DECODE_MAX_QUERY_LEN
-# = 8 tokens: the sequence's last token and its drafts)
-MAX_SPECULATIVE_TOKENS = 7
+# up to 7 drafts a verify row (the last token and its drafts) is a few-query row of the decode
+# attention kernel (ops.attention.DECODE_MAX_QUERY_LEN = 8); longer ones run the prefill kernel
+MAX_SPECULATIVE_TOKENS = 15
 
 
 @dataclass(frozen=True)
