@@ -41,6 +41,11 @@ class EngineStats:
     generation_tokens: int = 0  # tokens generated, aborted requests included
     num_steps: int = 0
     num_aborted: int = 0  # requests aborted before they finished (client gone, shutdown)
+    # speculative decoding: verify rows, drafts proposed and accepted, accepted by draft position
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
     def read_load(self, engine: Engine) -> None:
         """Copies the gauges the scheduler and the KV cache keep; call from the engine's thread."""
@@ -52,6 +57,10 @@ class EngineStats:
         self.kv_cache_usage = kv.usage
         self.prefix_queried_tokens, self.prefix_hit_tokens = kv.prefix_queried_tokens, kv.prefix_hit_tokens
         self.num_preemptions = sched.num_preemptions
+        spec = engine.spec_stats
+        self.spec_num_drafts, self.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
+        self.spec_num_accepted_tokens = spec.num_accepted_tokens
+        self.spec_accepted_per_pos = tuple(spec.accepted_per_pos)
 
 
 @dataclass(frozen=True)

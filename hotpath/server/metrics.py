@@ -108,6 +108,18 @@ class ServerMetrics:
         metric("prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", stats.prompt_tokens)
         metric("generation_tokens_total", "counter", "Generated tokens.", stats.generation_tokens)
         metric("engine_steps_total", "counter", "Engine steps run.", stats.num_steps)
+        metric("spec_decode_num_drafts_total", "counter",
+               "Speculative decoding: verify rows (a sequence's drafts checked in one step).",
+               stats.spec_num_drafts)
+        metric("spec_decode_num_draft_tokens_total", "counter", "Speculative decoding: drafts proposed.",
+               stats.spec_num_draft_tokens)
+        metric("spec_decode_num_accepted_tokens_total", "counter",
+               "Speculative decoding: drafts accepted.", stats.spec_num_accepted_tokens)
+        if stats.spec_accepted_per_pos:
+            name = f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total"
+            lines += [f"# HELP {name} Speculative decoding: drafts accepted, by draft position (0 = first).",
+                      f"# TYPE {name} counter"]
+            lines += [f'{name}{{{label},position="{i}"}} {n}' for i, n in enumerate(stats.spec_accepted_per_pos)]
         with self._lock:
             name = f"{PREFIX}request_success_total"
             lines += [f"# HELP {name} Finished sequences (n per request), by finish reason.",
