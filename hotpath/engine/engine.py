@@ -94,7 +94,7 @@ class Engine:
             self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,
             args.seed, args.enforce_eager, draft,
         )
-        if self.spec_config is not None and self.runner.state_layers:
+        if self.spec_config is not None and self.runner.state_layers and not hasattr(self.runner, "rollback_states"):
             raise ValueError("speculative decoding is not supported on hybrid (linear-attention) "
                              "models yet: their recurrent state cannot be rolled back")
         capacity = self.runner.num_blocks * self.config.block_size
@@ -352,6 +352,7 @@ class Engine:
           flight are reused only by steps queued behind it."""
         sampled = self.runner.collect(launched)
         now = time.monotonic()
+        kept: list[tuple[Sequence, int]] = []  # verify rows of a hybrid: tokens kept of the step
         for seq, _ in launched.scheduled:
             if seq.is_finished:
                 continue
@@ -367,6 +368,7 @@ class Engine:
             if drafts:  # a verify step: the rejected drafts' K/V are not the sequence's
                 accepted = len(tokens) - 1
                 seq.num_computed_tokens -= drafts - accepted
+                kept.append((seq, accepted + 1))
                 seq.num_drafted += drafts
                 seq.num_accepted += accepted
                 self.spec_stats.record(drafts, accepted)
@@ -380,6 +382,9 @@ class Engine:
             if req.first_token_time is None:
                 req.first_token_time = now
             touched[req.request_id] = req
+        kept = [(seq, n) for seq, n in kept if not seq.is_finished]
+        if kept and self.runner.state_layers:  # the linear-attention state back to the last kept token
+            self.runner.rollback_states(kept)
 
     def _outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
         now = time.monotonic()
