@@ -19,6 +19,7 @@ from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
 from hotpath.engine.spec.config import SpeculativeConfig
 from hotpath.engine.spec.drafters import make_drafter
+from hotpath.engine.spec.policy import DraftLengthPolicy
 from hotpath.engine.spec.stats import SpecStats
 from hotpath.engine.state_snapshots import StateSnapshots
 from hotpath.layers.quant.detect import read_quant_config
@@ -116,14 +117,15 @@ class Engine:
         if self.spec_config is not None:
             self.drafter = make_drafter(self.spec_config, self.runner, self.config.max_num_batched_tokens)
         self.spec_stats = SpecStats(self.spec_config.num_speculative_tokens if self.spec_config else 0)
+        self.spec_policy = None if self.spec_config is None else DraftLengthPolicy(
+            self.spec_config.num_speculative_tokens, self.spec_config.adaptive)
+        self._step_drafts = 0  # the drafts this step's decoding sequences may verify
         self.scheduler = Scheduler(self.config, self.kv_cache,
                                    self._num_draft_slots if self.spec_config else None)
         self.requests: dict[str, Request] = {}
-        # async scheduling pays where the device runs apart from the host: on by default on a GPU;
-        # a drafter needs every token on the host, so speculation runs steps synchronously
-        if self.spec_config is not None and args.async_scheduling:
-            raise ValueError("async scheduling does not combine with speculative decoding yet")
-        self.async_scheduling = self.spec_config is None and (
+        # async scheduling pays where the device runs apart from the host: on by default on a GPU
+        # (a step that verifies drafts runs synchronously: a drafter needs every token on the host)
+        self.async_scheduling = (
             self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
         )
         self._in_flight: LaunchedStep | None = None  # a launched step not collected yet
@@ -153,9 +155,9 @@ class Engine:
         return cfg, draft_dir
 
     def _num_draft_slots(self, seq: Sequence) -> int:
-        """Drafts a decoding sequence may verify this step: k, fewer near max_tokens (a step
-        emits at most drafts + 1 tokens)."""
-        return max(0, min(self.spec_config.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1))
+        """Drafts a decoding sequence may verify this step: the step's k, fewer near max_tokens
+        (a step emits at most drafts + 1 tokens)."""
+        return max(0, min(self._step_drafts, seq.max_tokens - seq.num_output_tokens - 1))
 
 
     def _resolve_dtype(self, dtype: str) -> torch.dtype:
@@ -270,6 +272,10 @@ class Engine:
         overlaps the device's. Anything else runs synchronously, after draining
         the step in flight. A sequence that finishes in step N was launched once more in step N+1
         (its stop was not known yet): that token is discarded, never emitted."""
+        start = time.perf_counter()
+        if self.spec_policy is not None:
+            decoding = [s for s in self.scheduler.running if s.num_computed_tokens + 1 == s.num_tokens]
+            self._step_drafts = self.spec_policy.choose(decoding)
         sched = self.scheduler.schedule()
         touched: dict[str, Request] = {}
         prev, self._in_flight = self._in_flight, None
@@ -278,8 +284,12 @@ class Engine:
             prev = None
         # sequences that finished as the drained step's tokens arrived need nothing more
         scheduled = [(seq, n) for seq, n in sched.scheduled if not seq.is_finished]
+        timed = False
         if self.drafter is not None:
+            # a pure decode step is timed, unless a drafter first caught up on a whole prompt
+            timed = bool(scheduled) and all(seq.num_computed_tokens + 1 == seq.num_tokens for seq, _ in scheduled)
             scheduled = self._propose(scheduled)
+            timed = timed and self.drafter.caught_up <= 1 + self.spec_config.num_speculative_tokens
         if scheduled:
             overlap = self._can_overlap(scheduled)
             launched = self._launch(scheduled, prev)
@@ -289,11 +299,14 @@ class Engine:
                 self._collect(launched, touched)
         if prev is not None:
             self._collect(prev, touched)
+        if timed:  # the step's time, for the choice of k at this batch size
+            self.spec_policy.record_step(len(scheduled), self._step_drafts, time.perf_counter() - start)
         return self._outputs(touched)
 
     def _propose(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
         """Drafts for the decoding sequences given draft slots; each then feeds its last token
         and its drafts (the drafter may propose fewer than its slots, or none)."""
+        self.drafter.caught_up = 0
         drafting = [(seq, n - 1) for seq, n in scheduled if n > 1 and seq.num_computed_tokens + 1 == seq.num_tokens]
         if not drafting:
             return scheduled
@@ -309,7 +322,7 @@ class Engine:
         behind the previous step's device time too)."""
         return self.async_scheduling and bool(scheduled) and all(
             is_plain_greedy(seq) for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens
-        )
+        ) and not any(n > 1 and seq.num_computed_tokens + 1 == seq.num_tokens for seq, n in scheduled)
 
     def _continues(self, prev: LaunchedStep, scheduled: list[tuple[Sequence, int]]) -> bool:
         """Whether this step can be launched before `prev`'s tokens are on the host: it could
@@ -372,6 +385,7 @@ class Engine:
                 seq.num_drafted += drafts
                 seq.num_accepted += accepted
                 self.spec_stats.record(drafts, accepted)
+                self.spec_policy.record_acceptance(seq, drafts, accepted)
                 seq.draft_token_ids, seq.draft_probs = [], None
             for token in tokens:  # stops are checked token by token: the rest is dropped
                 self._append_token(req, seq, token)
@@ -393,6 +407,9 @@ class Engine:
             if req.finished:
                 req.finished_time = now
                 del self.requests[req.request_id]
+                if self.spec_policy is not None:
+                    for seq in req.seqs:
+                        self.spec_policy.forget(seq)
             outputs.append(self._make_output(req))
         return outputs
 

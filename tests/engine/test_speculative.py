@@ -1,6 +1,8 @@
 """Speculative decoding through the engine: greedy output with speculation equals it without,
 token for token, for each drafter, on dense and MoE tiny models, through chunked prefill,
-preemption and prefix-cache hits; stops inside an accepted run; acceptance counts."""
+preemption and prefix-cache hits; stops inside an accepted run; acceptance counts. Drafts are
+verified every step here (adaptive: false; the choice of k has tests of its own,
+test_spec_policy.py), so every case exercises verification."""
 
 import shutil
 
@@ -53,8 +55,9 @@ def plain(setup):
 
 def drafters(draft):
     return {
-        "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-        "draft_model": {"method": "draft_model", "model": draft, "num_speculative_tokens": 4},
+        "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                  "adaptive": False},
+        "draft_model": {"method": "draft_model", "model": draft, "num_speculative_tokens": 4, "adaptive": False},
     }
 
 
@@ -84,11 +87,22 @@ def test_greedy_equals_plain(setup, plain, method, case):
     assert 0 < accepted <= drafted
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_async_scheduling_adaptive(setup, plain, method):
+    """With async scheduling (the GPU default) and the adaptive choice of k: steps without
+    drafts stay in flight while the next is scheduled, steps with drafts drain it first."""
+    path, draft, prompts = setup
+    spec = {**drafters(draft)[method], "adaptive": True}
+    llm, outs = run(path, prompts, async_scheduling=True, speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert llm.engine.spec_stats.num_draft_tokens > 0
+
+
 @pytest.mark.parametrize("k", [5, 9])  # 9: verify rows longer than the decode kernel's 8 queries
 def test_self_draft_accepts_everything(setup, plain, k):
     """The target drafting for itself: every draft is its own greedy token."""
     path, _, prompts = setup
-    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": k}
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": k, "adaptive": False}
     llm, outs = run(path, prompts, speculative_config=spec)
     assert [o.outputs[0].token_ids for o in outs] == plain
     stats = llm.engine.spec_stats
@@ -100,7 +114,7 @@ def test_stops_inside_an_accepted_run(setup, plain):
     """max_tokens and a stop token that fall inside a run of accepted drafts end the output
     there, as without speculation."""
     path, _, prompts = setup
-    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 5}
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 5, "adaptive": False}
     for params in (SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
                    SamplingParams(temperature=0, max_tokens=32, ignore_eos=True,
                                   stop_token_ids=[plain[2][9]])):
@@ -113,7 +127,7 @@ def test_logprobs_match_plain(setup):
     path, _, prompts = setup
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     want = run(path, prompts[:3], params)[1]
-    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 3, "adaptive": False}
     got = run(path, prompts[:3], params, speculative_config=spec)[1]
     for w, g in zip(want, got):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids

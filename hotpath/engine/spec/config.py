@@ -27,6 +27,9 @@ class SpeculativeConfig:
     model: str | None = None  # draft_model: the drafter (an asset name, HF directory or .gguf)
     prompt_lookup_min: int = 1  # ngram: the shortest suffix looked up in the context
     prompt_lookup_max: int = 4  # ngram: the longest
+    # choose each step's number of drafts (0..num_speculative_tokens) from measured acceptance
+    # and step times (engine/spec/policy.py); False: always num_speculative_tokens
+    adaptive: bool = True
 
     @classmethod
     def parse(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -60,6 +63,8 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
         if self.method == "draft_model" and not self.model:
             raise ValueError("speculative method 'draft_model' needs 'model' (the draft model)")
         if self.method == "ngram":

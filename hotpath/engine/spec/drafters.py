@@ -21,11 +21,15 @@ from hotpath.runner.sampler import probabilities, process_logits
 
 
 class Drafter(Protocol):
+    caught_up: int  # the most tokens the last propose() ran a sequence through before drafting
+
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         """Drafts for each decoding sequence, at most slots[i] of them."""
 
 
 class NgramDrafter:
+    caught_up = 0
+
     def __init__(self, config: SpeculativeConfig) -> None:
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
 
@@ -49,12 +53,14 @@ class DraftModelDrafter:
         self.model = runner.draft_model
         self.vocab_size = runner.model_config.vocab_size  # the target's: the draft's rows are cut to it
         self.max_tokens = max_tokens_per_forward
+        self.caught_up = 0
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
         probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq in seqs}
+        self.caught_up = max((seq.num_tokens - seq.num_draft_computed for seq in seqs), default=0)
         # catch up, in forwards of at most max_tokens tokens; a row's logits once it is caught up
         todo = list(seqs)
         while todo:

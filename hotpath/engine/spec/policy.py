@@ -1,0 +1,83 @@
+"""How many drafts a step verifies: chosen each step from measured acceptance and measured step
+times, so that speculation is off (k = 0, a plain decode step) wherever it does not pay.
+
+Model. A sequence whose drafts are accepted with probability a each (its running mean) emits
+E(k) = 1 + a + ... + a^k tokens in a step that verifies k drafts. A step of batch size B with
+k drafts takes T(B, k), measured: the engine times its decode steps (pure decode, no prefill
+chunk) and keeps a running mean per (batch-size bucket, k). The step takes the k in 0..K that
+maximises sum(E_s(k)) / T(B, k). T(B, k) not measured yet is interpolated linearly between the
+measured k nearest below and above (verify and draft work grow about linearly in k), and where
+only one side is known the step explores: k = K until T(B, K) is measured, then k = 0. When
+k = 0 wins, acceptance is no longer observed, so every EXPLORE_EVERY-th decode step at that
+bucket verifies K drafts again, to see whether it has come to pay (outputs are exact either
+way: only the speed changes).
+"""
+
+from __future__ import annotations
+
+from hotpath.engine.sequence import Sequence
+
+EXPLORE_EVERY = 50  # decode steps between re-measurements of speculation while it is off
+EMA = 0.1  # weight of a new measurement in a running mean
+PRIOR_ACCEPTANCE = 0.5
+
+
+def bucket(batch_size: int) -> int:
+    """Batch sizes measured together: powers of two (1, 2, 4, ...)."""
+    return 1 << (batch_size - 1).bit_length()
+
+
+class DraftLengthPolicy:
+    def __init__(self, max_drafts: int, adaptive: bool = True) -> None:
+        self.max_drafts = max_drafts
+        self.adaptive = adaptive
+        self.step_time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds, running mean
+        self.acceptance: dict[int, float] = {}  # seq_id -> running mean acceptance of a draft
+        self.steps_off: dict[int, int] = {}  # bucket -> decode steps since speculation last ran
+
+    def choose(self, seqs: list[Sequence]) -> int:
+        """The number of drafts this step's decoding sequences verify."""
+        if not self.adaptive or not seqs:
+            return self.max_drafts
+        b = bucket(len(seqs))
+        K = self.max_drafts
+        if (b, K) not in self.step_time:
+            return K
+        if (b, 0) not in self.step_time:
+            return 0
+        accept = [self.acceptance.get(s.seq_id, PRIOR_ACCEPTANCE) for s in seqs]
+        best = max(range(K + 1), key=lambda k: self._tokens(accept, k) / self._time(b, k))
+        if best == 0:
+            self.steps_off[b] = self.steps_off.get(b, 0) + 1
+            if self.steps_off[b] >= EXPLORE_EVERY:
+                self.steps_off[b] = 0
+                return K
+        return best
+
+    @staticmethod
+    def _tokens(accept: list[float], k: int) -> float:
+        return sum(sum(a**i for i in range(k + 1)) for a in accept)
+
+    def _time(self, b: int, k: int) -> float:
+        if (b, k) in self.step_time:
+            return self.step_time[(b, k)]
+        lo = max(j for j in range(k) if (b, j) in self.step_time)
+        hi = min(j for j in range(k + 1, self.max_drafts + 1) if (b, j) in self.step_time)
+        t_lo, t_hi = self.step_time[(b, lo)], self.step_time[(b, hi)]
+        return t_lo + (t_hi - t_lo) * (k - lo) / (hi - lo)
+
+    def record_step(self, batch_size: int, k: int, seconds: float) -> None:
+        """A pure decode step of batch_size sequences that verified up to k drafts each."""
+        key = (bucket(batch_size), k)
+        old = self.step_time.get(key)
+        self.step_time[key] = seconds if old is None else old + EMA * (seconds - old)
+
+    def record_acceptance(self, seq: Sequence, drafts: int, accepted: int) -> None:
+        """A verify row: `accepted` of `drafts` kept (a draft after a rejection is not tried)."""
+        tried = min(drafts, accepted + 1)
+        rate = accepted / tried
+        old = self.acceptance.get(seq.seq_id, PRIOR_ACCEPTANCE)
+        self.acceptance[seq.seq_id] = old + 0.3 * (rate - old)
+
+    def forget(self, seq: Sequence) -> None:
+        self.acceptance.pop(seq.seq_id, None)

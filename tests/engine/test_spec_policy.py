@@ -1,0 +1,95 @@
+"""The choice of each step's number of drafts (engine/spec/policy.py): from measured acceptance
+and measured step times, k = 0 where speculation does not pay, with periodic re-measurement."""
+
+import pytest
+
+from hotpath import LLM, SamplingParams
+from hotpath.engine.sequence import Sequence
+from hotpath.engine.spec.policy import EXPLORE_EVERY, DraftLengthPolicy
+
+K = 4
+
+
+def seqs(n: int) -> list[Sequence]:
+    return [Sequence(i, "r", 0, [1, 2], SamplingParams(temperature=0), 16, set()) for i in range(n)]
+
+
+def measured(step_time: dict[int, float], acceptance: float, batch: list[Sequence]) -> DraftLengthPolicy:
+    policy = DraftLengthPolicy(K)
+    for k, t in step_time.items():
+        policy.record_step(len(batch), k, t)
+    for s in batch:
+        for _ in range(20):
+            accepted = K if acceptance == 1 else 0
+            policy.record_acceptance(s, K, accepted)
+    return policy
+
+
+def test_explores_both_ends_first():
+    batch = seqs(3)
+    policy = DraftLengthPolicy(K)
+    assert policy.choose(batch) == K  # nothing measured: speculate, and time it
+    policy.record_step(3, K, 0.02)
+    assert policy.choose(batch) == 0  # then a plain step, to compare
+    policy.record_step(3, 0, 0.01)
+    assert policy.choose(batch) in range(K + 1)
+
+
+def test_speculates_where_drafts_are_accepted_and_verify_is_cheap():
+    batch = seqs(4)
+    policy = measured({0: 0.010, K: 0.012}, acceptance=1, batch=batch)
+    assert policy.choose(batch) == K
+
+
+def test_off_where_drafts_are_rejected_then_measures_again():
+    batch = seqs(4)
+    policy = measured({0: 0.010, K: 0.016}, acceptance=0, batch=batch)
+    choices = [policy.choose(batch) for _ in range(2 * EXPLORE_EVERY)]
+    assert choices.count(K) == 2 and choices.count(0) == 2 * EXPLORE_EVERY - 2
+    assert choices[EXPLORE_EVERY - 1] == K  # every EXPLORE_EVERY-th step re-measures
+
+
+def test_batch_sizes_are_measured_apart():
+    small, large = seqs(1), seqs(64)
+    policy = measured({0: 0.010, K: 0.011}, acceptance=1, batch=small)
+    assert policy.choose(small) == K
+    assert policy.choose(large) == K  # unmeasured at 64: explores
+    policy.record_step(64, K, 0.080)
+    policy.record_step(64, 0, 0.020)
+    for s in large:
+        for _ in range(20):
+            policy.record_acceptance(s, K, 1)  # one of four accepted: a = 0.5
+    # 64 sequences x E = 1 + 0.5 + ... over 0.02 + 0.015 k: k = 0 (64 / 0.02) beats every k > 0
+    assert policy.choose(large) == 0
+
+
+def test_interpolates_between_measured_drafts():
+    batch = seqs(2)
+    policy = measured({0: 0.010, K: 0.030}, acceptance=1, batch=batch)
+    assert policy._time(2, 2) == pytest.approx(0.020)
+
+
+def test_fixed_k_when_not_adaptive():
+    policy = DraftLengthPolicy(K, adaptive=False)
+    policy.record_step(2, K, 1.0)
+    policy.record_step(2, 0, 0.001)
+    assert policy.choose(seqs(2)) == K
+
+
+def test_adaptive_engine_output_equals_plain(tiny_model_factory):
+    """The default (adaptive) path: some steps verify drafts and some do not; greedy output is
+    the plain engine's either way."""
+    path, hf_model = tiny_model_factory("qwen2-gqa4-tied")
+    prompts = [[5 + i, 9, 13, 5 + i, 9, 13, 5 + i, 9] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+    def run(**kw):
+        llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=128, **kw)
+        return llm, [o.outputs[0].token_ids for o in llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+
+    _, want = run()
+    llm, got = run(speculative_config={"method": "draft_model", "model": str(path), "num_speculative_tokens": K})
+    assert got == want
+    times = llm.engine.spec_policy.step_time
+    assert (4, K) in times and (4, 0) in times  # both ends measured at this batch size
