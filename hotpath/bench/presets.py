@@ -74,6 +74,12 @@ PRESETS: dict[str, dict] = {
         max_position_embeddings=32768, tie_word_embeddings=False, torch_dtype="bfloat16",
         hidden_act="silu", eos_token_id=151643, bos_token_id=151643),
 }
+# the small Qwen2.5-Coder models, speculative decoding's drafts (same tokenizer as the 32B)
+_CODER = dict(PRESETS["qwen2.5-coder-32b"], vocab_size=151936, tie_word_embeddings=True)
+PRESETS["qwen2.5-coder-0.5b"] = dict(_CODER, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                     num_attention_heads=14, num_key_value_heads=2)
+PRESETS["qwen2.5-coder-1.5b"] = dict(_CODER, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                     num_attention_heads=12, num_key_value_heads=2)
 
 
 # the published quantized checkpoints' layouts on those shapes, as `hotpath quantize` writes them:

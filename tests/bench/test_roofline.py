@@ -9,7 +9,7 @@ from hotpath.bench.roofline import decode_weight_bytes, kv_bytes_per_token, pref
 from hotpath.models.registry import config_from_hf, get_model_class
 
 # totals on the model cards (rounded there, hence the 1% tolerance)
-PUBLISHED_PARAMS = {"qwen3.5-0.8b": 0.8e9, "qwen3.5-27b": 27e9, "qwen3.5-9b": 9e9, "qwen3-next-80b-a3b": 80e9, "qwen3.5-35b-a3b": 35e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9}
+PUBLISHED_PARAMS = {"qwen3.5-0.8b": 0.8e9, "qwen3.5-27b": 27e9, "qwen3.5-9b": 9e9, "qwen3-next-80b-a3b": 80e9, "qwen3.5-35b-a3b": 35e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9, "qwen2.5-coder-0.5b": 0.49e9, "qwen2.5-coder-1.5b": 1.54e9}
 
 
 def meta_model(name):

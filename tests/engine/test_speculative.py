@@ -5,6 +5,7 @@ verified every step here (adaptive: false; the choice of k has tests of its own,
 test_spec_policy.py), so every case exercises verification."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +173,25 @@ def test_hybrid_refused(tiny_model_factory):
     with pytest.raises(ValueError, match="hybrid"):
         LLM(str(path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=128,
             speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+def test_draft_with_a_smaller_vocabulary(setup, plain, tmp_path):
+    """A draft whose embedding table has fewer (padding) rows than the target's, as
+    Qwen2.5-Coder-0.5B's 151,936 against the 32B's 152,064: its rows are padded, never proposed."""
+    import json
+
+    path, _, prompts = setup
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    vocab = cfg["vocab_size"] - 12
+    for f in Path(path).iterdir():
+        if f.suffix == ".safetensors":
+            tensors = {k: v[:vocab] if v.shape[0] == cfg["vocab_size"] else v for k, v in load_file(f).items()}
+            save_file(tensors, tmp_path / f.name, metadata={"format": "pt"})
+        elif f.name == "config.json":
+            (tmp_path / f.name).write_text(json.dumps({**cfg, "vocab_size": vocab}))
+        else:
+            shutil.copy(f, tmp_path / f.name)
+    spec = {"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 3, "adaptive": False}
+    llm, outs = run(path, prompts, speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert llm.engine.spec_stats.num_accepted_tokens > 0

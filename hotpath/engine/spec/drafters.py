@@ -51,7 +51,8 @@ class DraftModelDrafter:
         assert runner.draft_model is not None
         self.runner = runner
         self.model = runner.draft_model
-        self.vocab_size = runner.model_config.vocab_size  # the target's: the draft's rows are cut to it
+        self.vocab_size = runner.model_config.vocab_size  # the target's: draft rows are cut or padded to it
+        self.draft_vocab_size = runner.draft_model.model.embed_tokens.weight.shape[0]
         self.max_tokens = max_tokens_per_forward
         self.caught_up = 0
 
@@ -88,11 +89,17 @@ class DraftModelDrafter:
     def _step(self, rows: list[Row], probs: dict[int, list[torch.Tensor]]) -> None:
         """One forward of the draft model over `rows`; each row with logits gets its next draft."""
         ids, positions, batch, order = self.runner.rows_batch(rows)
+        if self.draft_vocab_size < self.vocab_size:  # the target's extra ids, unknown to the draft
+            ids = ids.clamp(max=self.draft_vocab_size - 1)
         hidden = self.model(ids, positions, batch)
         sampling = [rows[r].seq for r in order if rows[r].num_logits]
         if not sampling:
             return
-        logits = self.model.compute_logits(hidden[batch.logits_indices])[:, : self.vocab_size]
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [rows, draft vocab]
+        if logits.shape[1] >= self.vocab_size:
+            logits = logits[:, : self.vocab_size]
+        else:  # a draft with fewer (padding) rows never proposes the target's extra ids
+            logits = torch.nn.functional.pad(logits, (0, self.vocab_size - logits.shape[1]), value=float("-inf"))
         params = [s.params for s in sampling]
         history = [s.output_token_ids + s.draft_token_ids for s in sampling]
         logits = process_logits(logits, params, [s.prompt_token_ids for s in sampling], history,
