@@ -157,7 +157,6 @@ class Engine:
         (a step emits at most drafts + 1 tokens)."""
         return max(0, min(self._step_drafts, seq.max_tokens - seq.num_output_tokens - 1))
 
-
     def _resolve_dtype(self, dtype: str) -> torch.dtype:
         if dtype == "auto":
             return self.model_config.default_dtype(self.device)
@@ -272,7 +271,7 @@ class Engine:
         (its stop was not known yet): that token is discarded, never emitted."""
         start = time.perf_counter()
         if self.spec_policy is not None:
-            decoding = [s for s in self.scheduler.running if s.num_computed_tokens + 1 == s.num_tokens]
+            decoding = [s for s in self.scheduler.running if s.is_decoding]
             self._step_drafts = self.spec_policy.choose(decoding)
         sched = self.scheduler.schedule()
         touched: dict[str, Request] = {}
@@ -285,7 +284,7 @@ class Engine:
         timed = False
         if self.drafter is not None:
             # a pure decode step is timed, unless a drafter first caught up on a whole prompt
-            timed = bool(scheduled) and all(seq.num_computed_tokens + 1 == seq.num_tokens for seq, _ in scheduled)
+            timed = bool(scheduled) and all(seq.is_decoding for seq, _ in scheduled)
             scheduled = self._propose(scheduled)
             timed = timed and self.drafter.caught_up <= 1 + self.spec_config.num_speculative_tokens
         if scheduled:
@@ -305,13 +304,12 @@ class Engine:
         """Drafts for the decoding sequences given draft slots; each then feeds its last token
         and its drafts (the drafter may propose fewer than its slots, or none)."""
         self.drafter.caught_up = 0
-        drafting = [(seq, n - 1) for seq, n in scheduled if n > 1 and seq.num_computed_tokens + 1 == seq.num_tokens]
+        drafting = [(seq, n - 1) for seq, n in scheduled if n > 1 and seq.is_decoding]
         if not drafting:
             return scheduled
-        self.drafter.propose(*map(list, zip(*drafting)))
-        return [(seq, 1 + len(seq.draft_token_ids)) if seq.draft_token_ids or
-                (n > 1 and seq.num_computed_tokens + 1 == seq.num_tokens) else (seq, n)
-                for seq, n in scheduled]
+        self.drafter.propose([seq for seq, _ in drafting], [k for _, k in drafting])
+        ids = {seq.seq_id for seq, _ in drafting}
+        return [(seq, 1 + len(seq.draft_token_ids)) if seq.seq_id in ids else (seq, n) for seq, n in scheduled]
 
     def _can_overlap(self, scheduled: list[tuple[Sequence, int]]) -> bool:
         """Whether this step may run while the host schedules the next one: every row that
@@ -320,7 +318,7 @@ class Engine:
         behind the previous step's device time too)."""
         return self.async_scheduling and bool(scheduled) and all(
             is_plain_greedy(seq) for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens
-        ) and not any(n > 1 and seq.num_computed_tokens + 1 == seq.num_tokens for seq, n in scheduled)
+        ) and not any(n > 1 and seq.is_decoding for seq, n in scheduled)  # a verify step
 
     def _continues(self, prev: LaunchedStep, scheduled: list[tuple[Sequence, int]]) -> bool:
         """Whether this step can be launched before `prev`'s tokens are on the host: it could

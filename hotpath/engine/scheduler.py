@@ -65,7 +65,7 @@ class Scheduler:
                 i += 1  # its last token is being sampled already (async scheduling)
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if self.num_draft_slots is not None and seq.num_tokens - seq.num_computed_tokens == 1:
+            if self.num_draft_slots is not None and seq.is_decoding:
                 num_new = min(1 + self.num_draft_slots(seq), budget)
             if not self._allocate_or_preempt(seq, num_new, out):
                 break  # seq itself was preempted, and it was the last running one

@@ -80,6 +80,11 @@ class Sequence:
         return self.prompt_token_ids + self.output_token_ids
 
     @property
+    def is_decoding(self) -> bool:
+        """Whether its next step feeds only its newest token (not a prefill or its chunk)."""
+        return self.num_computed_tokens + 1 == self.num_tokens
+
+    @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
