@@ -37,13 +37,12 @@ transposed, x's 16 padded rows as M (acc [16, BLOCK_N] += x_j @ q_j^T): Triton t
 mma.sync, both operands in registers, where a 64-row weight operand got Hopper's warpgroup MMA,
 waited out after each 64 x 16 x 16 product (8 waits and fences a tile). The next tile's scales
 and zero points load a tile ahead (they are too small for the pipeliner's asynchronous copies,
-and loaded where they are used they cost every tile a memory round trip). With `rms=`, x times
-the norm weight is rounded once in x's dtype and 1 / RMS (`_rstd`) scales the sums (the
-reference rounds x / RMS first: the two differ by a rounding), a third of the loop's
-instructions fewer than normalising each padded 16 x 16 slice. The first weight tile and its
-scales load before PDL's wait. A K split writes fp32 partials and the last program of an N tile
-to arrive (a counter bumped atomically) reduces them and runs the epilogue: one launch,
-capturable, no host sync.
+and loaded where they are used they cost every tile a memory round trip). An `rms=` input is
+normalised by the RMSNorm kernel first, a launch of its own: folded into x's slices (the norm
+weight loaded in the loop) the GEMV ran at a third of its plain speed on an H200. The first
+weight tile and its scales load before PDL's wait. A K split writes fp32 partials and the last
+program of an N tile to arrive (a counter bumped atomically) reduces them and runs the
+epilogue: one launch, capturable, no host sync.
 The GEMM (`_int4_gemm_kernel`): [BLOCK_N, BLOCK_M] output tiles (the weight as the dot's first
 operand, where Hopper's MMA takes it from registers), tiles grouped GROUP_M at a time for L2.
 
@@ -67,8 +66,6 @@ from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.linear.triton_gemv import (
     DOT_BLOCK_M,
     MAX_SPLIT_TILES,
-    _normed_x,
-    _rstd,
     _store_or_reduce,
     _virtual_rows,
     gemv_io,
@@ -267,24 +264,16 @@ def _tile_dots_t(q, ss, xs, acc, SLICE: tl.constexpr, GROUP: tl.constexpr,
 
 
 @triton.jit
-def _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u0, rm,
-              SLICE: tl.constexpr, HAS_PERM: tl.constexpr, NORM_INPUT: tl.constexpr,
+def _x_slices(x_ptr, stride_xm, M, perm_ptr, u0, rm, SLICE: tl.constexpr, HAS_PERM: tl.constexpr,
               BLOCK_W: tl.constexpr, TRANS: tl.constexpr = True):
     """x's columns under the tile at word u0, a slice per nibble: 8 x [BLOCK_W, BLOCK_M] (TRANS;
-    else [BLOCK_M, BLOCK_W]), rows past M zero; gathered through perm, RMS-normalised as they
-    load (NORM_INPUT)."""
+    else [BLOCK_M, BLOCK_W]), rows past M zero; gathered through perm (HAS_PERM)."""
     xs = ()
     for j in tl.static_range(8):
         rk = _slice_col(u0, j, SLICE) + tl.arange(0, BLOCK_W)
         if HAS_PERM:
             rk = tl.load(perm_ptr + rk)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None], other=0.0)
-        if NORM_INPUT:
-            if TRANS:
-                x = _normed_x(x, rk[None, :], norm_w_ptr, rstd, K, True)
-            else:
-                # the GEMV: x times the norm weight, rounded once; 1 / RMS scales the sums
-                x = x * tl.load(norm_w_ptr + rk)[None, :].to(x.dtype)
         xs = xs + (tl.trans(x) if TRANS else x,)
     return xs
 
@@ -301,10 +290,6 @@ def _int4_gemv_kernel(
     out_ptr,  # [M, N]; with RESIDUAL the residual stream, updated in place
     partial_ptr,  # [split, M, rows] fp32 (SPLIT)
     counter_ptr,  # [>= n tiles] int32, zero between calls (SPLIT)
-    norm_w_ptr,  # [K] (NORM_INPUT)
-    stat_in_ptr,  # [n_stat_in, M] fp32 (NORM_INPUT)
-    n_stat_in,
-    eps,
     stat_ptr,  # [n_tiles, M] fp32 (RESIDUAL)
     M,
     N,  # output features
@@ -319,7 +304,6 @@ def _int4_gemv_kernel(
     HAS_PERM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,
-    NORM_INPUT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     SPLIT: tl.constexpr,
     USE_ASM: tl.constexpr,
@@ -347,14 +331,12 @@ def _int4_gemv_kernel(
     words = tl.load(w_cols + (u_start + rw), eviction_policy=W_EVICT)
     ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u_start, SLICE, GROUP)
     pdl_wait(USE_PDL)
-    rstd = _rstd(stat_in_ptr, n_stat_in, rm, M, K, eps, 64)[:, None] if NORM_INPUT else 1.0
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # each tile's successor's scales and zero points load a tile ahead (the last tile loads its
     # own again): a load the loop waits for at once would cost every tile a memory round trip
     ss_next, zs_next = _tile_scales(scale_ptr, zero_ptr, s_rows,
                                     tl.minimum(u_start + BLOCK_W, u_end - BLOCK_W), SLICE, GROUP)
-    xs = _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u_start, rm, SLICE,
-                   HAS_PERM, NORM_INPUT, BLOCK_W, False)
+    xs = _x_slices(x_ptr, stride_xm, M, perm_ptr, u_start, rm, SLICE, HAS_PERM, BLOCK_W, False)
     acc = _tile_dots_t(_dequant(words, _row(zs), dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
                        DOT_PRECISION)
     ss, zs = ss_next, zs_next
@@ -362,13 +344,10 @@ def _int4_gemv_kernel(
         ss_next, zs_next = _tile_scales(scale_ptr, zero_ptr, s_rows,
                                         tl.minimum(u0 + BLOCK_W, u_end - BLOCK_W), SLICE, GROUP)
         words = tl.load(w_cols + (u0 + rw), eviction_policy=W_EVICT)
-        xs = _x_slices(x_ptr, stride_xm, M, K, perm_ptr, norm_w_ptr, rstd, u0, rm, SLICE,
-                       HAS_PERM, NORM_INPUT, BLOCK_W, False)
+        xs = _x_slices(x_ptr, stride_xm, M, perm_ptr, u0, rm, SLICE, HAS_PERM, BLOCK_W, False)
         acc = _tile_dots_t(_dequant(words, _row(zs), dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
                            DOT_PRECISION)
         ss, zs = ss_next, zs_next
-    if NORM_INPUT:
-        acc = acc * rstd
     acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
     _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
                      out_ptr, bias_ptr, stride_om, stat_ptr, HAS_BIAS, GATED, RESIDUAL, dtype,
@@ -424,8 +403,7 @@ def _int4_gemm_kernel(
     for u0 in range(0, K // 8, BLOCK_W):
         words = tl.load(w_rows + (u0 + rw)[None, :])
         ss, zs = _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE, GROUP)
-        xs = _x_slices(x_ptr, stride_xm, M, K, x_ptr, x_ptr, 1.0, u0, rm_c, SLICE, False, False,
-                       BLOCK_W)
+        xs = _x_slices(x_ptr, stride_xm, M, x_ptr, u0, rm_c, SLICE, False, BLOCK_W)
         acc = _tile_dots(_dequant(words, _col(zs), dtype, USE_ASM), ss, xs, acc, SLICE, GROUP,
                          DOT_PRECISION)
     if HAS_BIAS:
@@ -495,8 +473,7 @@ def _launch_gemv(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None,
         # loop) the GEMV ran at a third of its plain speed (Qwen2.5-Coder-32B gate_up, 1 row:
         # 295 us against 82, H200, run T)
         x = rms_norm(x, rms[1], rms[2])
-        rms = None
-    io = gemv_io(x, w.rows, w.K, bias, gated, rms, residual, out_dtype, DOT_BLOCK_M,
+    io = gemv_io(x, w.rows, w.K, bias, gated, None, residual, out_dtype, DOT_BLOCK_M,
                  "the int4 GEMV")
     if io.done:
         return io.out.view(*x.shape[:-1], io.N), None
@@ -517,15 +494,14 @@ def _launch_gemv(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None,
     use_pdl = pdl_enabled(x.device)
     _int4_gemv_kernel[(n_tiles, split)](
         x2, w.data, w.scales, w.zeros, w.perm if w.perm is not None else w.data,
-        bias if bias is not None else out, out, partial, _counters(x.device), io.norm_w, io.stat_in,
-        io.stat_in.shape[0], io.eps, stat if stat is not None else out,
+        bias if bias is not None else out, out, partial, _counters(x.device),
+        stat if stat is not None else out,
         M, N, K, w_per_split, x2.stride(0), w.data.stride(0), w.scales.stride(0), out.stride(0),
         SLICE=w.slice_width,
         GROUP=w.group,
         HAS_PERM=w.perm is not None,
         HAS_BIAS=bias is not None,
         GATED=gated,
-        NORM_INPUT=rms is not None,
         RESIDUAL=residual is not None,
         SPLIT=split > 1,
         USE_ASM=_use_asm(x, cfg.asm),
