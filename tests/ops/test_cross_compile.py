@@ -15,7 +15,12 @@ the device's. A child process per target, where the kernels are compiled rather 
 (tests/ops sets TRITON_INTERPRET=1), records them again and compiles each one with Triton's own
 specialisation for the target (hotpath.ops.triton_utils.compile_launch).
 
-    pytest tests/ops/test_cross_compile.py -v     # a case per (target, launch)
+    pytest tests/ops/test_cross_compile.py -v         # a case per (target, distinct binary)
+    pytest tests/ops/test_cross_compile.py -k int4    # compiles the selected cases only
+
+A case stands for every launch that compiles to its binary: launches are told apart by Triton's
+compile key, not by their arguments' values (see record). The time is the ~205 distinct compiles
+a target, about 3 CPU minutes each target, which is why the three children run side by side.
 """
 
 from __future__ import annotations
@@ -434,18 +439,36 @@ def _moe_int4_steps(run: Run, target: Target, step: list[str], roles: dict[int, 
                       e(E, 2 * I, H // G, dtype=dtype), e(E, H, I // G, dtype=dtype), group_size=G, **zeros)
 
 
-def _key(value) -> object:
-    """What a launch's compile may depend on in an argument: a tensor's dtype, alignment and
-    whether it is under 2 GB (AMD's buffer loads), any other value itself."""
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.data_ptr() % 16, value.untyped_storage().nbytes() < 2**31)
-    return repr(value)
+@functools.cache
+def _binder(kernel: str, target: Target):
+    """Triton's argument binder of `kernel` (module:name) for `target`: what JITFunction.run calls
+    before its cache lookup. Built from the kernel's source and its @triton.jit arguments, so that
+    it is the same whether the module's kernels are compiled or interpreted (this session)."""
+    from triton.compiler import make_backend
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    module, name = kernel.split(":")
+    fn = getattr(importlib.import_module(module), name)
+    if isinstance(fn, InterpretedFunction):
+        fn = JITFunction(fn.fn, **fn.kwargs)
+    return create_function_from_signature(fn.signature, fn.params, make_backend(target.target))
+
+
+def _compile_key(launch: Launch, target: Target) -> tuple:
+    """What Triton compiles `launch` by on `target` (JITFunction.run's cache key, and the content
+    of triton.compile's): the kernel, each argument's specialisation (constexpr values; a tensor's
+    dtype, 16-byte alignment and, on AMD, whether it is under 2 GB for buffer loads; an integer's
+    type, whether it is 1 and whether 16 divides it; floats by type only) and the launch options
+    (num_warps, num_stages, ...). Two launches with one key compile to one binary: Triton's cache
+    in the compiling process already gave the second the first one's binary for free."""
+    _, specialization, options = _binder(launch.kernel, target)(*launch.args, **launch.kwargs)
+    return launch.kernel, str(specialization), str(sorted(options.items()))
 
 
 @functools.cache
-def record(target: Target) -> list[Launch]:
-    """The distinct kernel launches of every run's steps on `target`, in order."""
-    seen: set[tuple] = set()
+def recorded(target: Target) -> list[Launch]:
+    """Every kernel launch of every run's steps on `target`, in order."""
     launches: list[Launch] = []
     for run in RUNS:
         # two layers: the first normalises its input from the embedding's statistic, the
@@ -460,29 +483,55 @@ def record(target: Target) -> list[Launch]:
             role = name.removeprefix("model.").removesuffix(".weight")
             roles[id(p)] = f"{roles[id(p)]}={role}" if id(p) in roles else role
         step = [""]
-        with torch.inference_mode(), _recording(target, roles, step) as recorded:
+        with torch.inference_mode(), _recording(target, roles, step) as launched:
             _steps(run, model, target, step)
             _quant_steps(run, target, step)
             _moe_fp8_steps(run, target, step, roles)
             _moe_int4_steps(run, target, step, roles)
-        for launch in recorded:
-            key = (launch.kernel, tuple(map(_key, launch.args)),
-                   tuple((k, _key(v)) for k, v in sorted(launch.kwargs.items())))
-            if key not in seen:
-                seen.add(key)
-                launches.append(launch)
+        launches += launched
+    return launches
+
+
+def record(target: Target) -> list[Launch]:
+    """The launches of recorded(target) that compile to distinct binaries: the first launch of each
+    compile key (_compile_key), a case each (~205 a target). Distinct launches by argument values
+    (this file's earlier rule) were ~275 a target; the ~70 more differed only in runtime values
+    that no kernel specialises on beyond 1 / divisible by 16 (the int4 GEMV at 1, 2, 8 and 16
+    rows, whose row count is not specialised; a decode graph's batch or context where the tiles
+    stay; another model's widths where 16 divides both), so each compiled the very binary of an
+    earlier case, from Triton's cache in the compiling process: collapsing them saves cases, not
+    compile time. `also(target)[label]`: the launches a case stands for."""
+    return _distinct(target)[0]
+
+
+def also(target: Target) -> dict[str, list[str]]:
+    return _distinct(target)[1]
+
+
+@functools.cache
+def _distinct(target: Target) -> tuple[list[Launch], dict[str, list[str]]]:
+    firsts: dict[tuple, Launch] = {}
+    same: dict[str, list[str]] = {}
+    for launch in recorded(target):
+        first = firsts.setdefault(_compile_key(launch, target), launch)
+        if first is not launch:
+            same.setdefault(first.label, []).append(launch.label)
+    launches = list(firsts.values())
     labels = [launch.label for launch in launches]
     assert len(set(labels)) == len(labels), "two distinct launches share a label"
-    return launches
+    return launches, same
 
 
 # ---- compiling them ----------------------------------------------------------------------------
 
-def compile_all(target: Target) -> dict[str, dict]:
+def compile_all(target: Target, labels: set[str] | None = None) -> dict[str, dict]:
     """label -> {"binary": kind, "bytes": size} or {"error": message}, for each launch of
-    record(target) compiled for it. The kernels must be compiled, not interpreted, here."""
+    record(target) (those of `labels`, if given) compiled for it. The kernels must be compiled,
+    not interpreted, here."""
     results = {}
     for launch in record(target):
+        if labels is not None and launch.label not in labels:
+            continue
         module, name = launch.kernel.split(":")
         fn = getattr(importlib.import_module(module), name)
         try:
@@ -505,16 +554,23 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory) -> dict[str, dict[str, dict]]:
-    """target -> compile_all(target), each in a child process of its own (side by side), with an
-    empty Triton cache: every kernel really compiled, and nothing left in ~/.triton."""
+def compiled(request, tmp_path_factory) -> dict[str, dict[str, dict]]:
+    """target -> compile_all(target) for the cases this session runs (all of them, unless -k or
+    node ids pick some), each target in a child process of its own (side by side), with an empty
+    Triton cache: every kernel really compiled, and nothing left in ~/.triton."""
+    selected: dict[str, list[str]] = {t: [] for t in TARGETS}
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is request.module and "label" in params:
+            selected[params["target"]].append(params["label"])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
-    children = {t: subprocess.Popen([sys.executable, __file__, t], env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for t in TARGETS}
+    children = {t: subprocess.Popen([sys.executable, __file__, t, "-"], env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for t, labels in selected.items() if labels}
     results = {}
     for t, child in children.items():
-        out, err = child.communicate(timeout=900)
+        out, err = child.communicate(json.dumps(selected[t]), timeout=900)
         assert child.returncode == 0, err[-3000:]
         results[t] = json.loads(out)
     return results
@@ -522,15 +578,16 @@ def compiled(tmp_path_factory) -> dict[str, dict[str, dict]]:
 
 def test_compiles(compiled, target, label):
     result = compiled[target][label]
-    assert "error" not in result, result["error"]
+    same = also(TARGETS[target]).get(label)
+    assert "error" not in result, result["error"] + (f"\n(also the binary of {same})" if same else "")
     assert result["binary"] == TARGETS[target].binary and result["bytes"] > 0, result
 
 
 def test_every_kernel_is_compiled():
     """A kernel no step launches (a new one, or one the engine stopped launching) fails here
     rather than going uncompiled unnoticed."""
-    recorded = {launch.kernel for target in TARGETS.values() for launch in record(target)}
-    assert all_kernels() <= recorded, sorted(all_kernels() - recorded)
+    kernels = {launch.kernel for target in TARGETS.values() for launch in record(target)}
+    assert all_kernels() <= kernels, sorted(all_kernels() - kernels)
 
 
 def test_pdl_follows_the_target():
@@ -538,11 +595,13 @@ def test_pdl_follows_the_target():
     launch_pdl option (AMD's Triton rejects the keyword, even set to False)."""
     for target in TARGETS.values():
         pdl = target.target.backend == "cuda"
-        for launch in record(target):
+        for launch in recorded(target):
             assert launch.kwargs.get("USE_PDL", pdl) == pdl, launch.label
             assert pdl or "launch_pdl" not in launch.kwargs, launch.label
 
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must be compiled, not interpreted"
-    print(json.dumps(compile_all(TARGETS[sys.argv[1]])))
+    # python tests/ops/test_cross_compile.py TARGET [-]: every case, or those named on stdin (-)
+    labels = set(json.load(sys.stdin)) if sys.argv[2:] == ["-"] else None
+    print(json.dumps(compile_all(TARGETS[sys.argv[1]], labels)))
