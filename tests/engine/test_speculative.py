@@ -19,18 +19,17 @@ LENGTHS = [5, 33, 70, 16, 48, 91]
 PARAMS = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["qwen2-gqa4-tied", "qwen3moe-e7-top3-sparse2"])
-def setup(request, tiny_model_factory, tmp_path_factory):
+def make_setup(name, tiny_model_factory, tmp_path_factory):
     """(target dir, a draft: the target with its weights perturbed, prompts). Prompts repeat a
     stretch of themselves, so n-gram lookups find something."""
-    path, hf_model = tiny_model_factory(request.param)
+    path, hf_model = tiny_model_factory(name)
     g = torch.Generator().manual_seed(11)
     vocab = hf_model.config.vocab_size
     prompts = []
     for n in LENGTHS:
         p = torch.randint(3, vocab, (n,), generator=g).tolist()
         prompts.append(p + p[: n // 2])
-    draft = tmp_path_factory.mktemp(f"draft-{request.param}")
+    draft = tmp_path_factory.mktemp(f"draft-{name}")
     for f in path.iterdir():
         if f.suffix != ".safetensors":
             shutil.copy(f, draft / f.name)
@@ -40,6 +39,17 @@ def setup(request, tiny_model_factory, tmp_path_factory):
                  for k, v in tensors.items()}
         save_file(noisy, draft / f.name, metadata={"format": "pt"})
     return str(path), str(draft), prompts
+
+
+# every case on the dense model; the MoE model (slow on the CPU) through one case per drafter
+@pytest.fixture(scope="module")
+def setup(tiny_model_factory, tmp_path_factory):
+    return make_setup("qwen2-gqa4-tied", tiny_model_factory, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def moe_setup(tiny_model_factory, tmp_path_factory):
+    return make_setup("qwen3moe-e7-top3-sparse2", tiny_model_factory, tmp_path_factory)
 
 
 def run(path, prompts, params=PARAMS, **kwargs):
@@ -65,6 +75,16 @@ def drafters(draft):
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 @pytest.mark.parametrize("case", ["together", "chunked", "preempted", "prefix_hits"])
 def test_greedy_equals_plain(setup, plain, method, case):
+    check_greedy_equals_plain(setup, plain, method, case)
+
+
+@pytest.mark.parametrize("method, case", [("draft_model", "together"), ("ngram", "preempted")])
+def test_moe_greedy_equals_plain(moe_setup, method, case):
+    path, _, prompts = moe_setup
+    check_greedy_equals_plain(moe_setup, [o.outputs[0].token_ids for o in run(path, prompts)[1]], method, case)
+
+
+def check_greedy_equals_plain(setup, plain, method, case):
     path, draft, prompts = setup
     kwargs = {"speculative_config": drafters(draft)[method]}
     if case == "chunked":
