@@ -21,9 +21,21 @@ triton_conv.py and triton_chunked.py, sharing one chunk table); decode steps (on
 step's kernels: two launches for all sequences, and no host reads, so the runner's decode CUDA
 graphs hold them (the slots come from the graphs' static inputs; around a graph's replay the
 runner restores and saves state snapshots itself, with `restore` and `save`).
+
+Speculative decoding: a verify row (a sequence's last token and its drafts, `ForwardBatch.
+verify_rows`) advances the slot by all its tokens, but after acceptance the sequence keeps only
+the first `kept` of them. The forward keeps, for the verify rows only, their slots' states from
+before the step and the step's per-token inputs (the conv's inputs, q k v after the conv, g,
+beta: a few small tensors, no per-position states); `rollback` then recomputes each slot's
+states after its first `kept` tokens: the conv window from the saved window and the inputs, the
+delta rule over the kept tokens from the saved state (the same op as the step's, varlen). A
+draft model's own speculative tokens run on a copy of its slot instead (`copy_states`, see
+ModelRunner._draft_state_slots).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -39,6 +51,22 @@ from hotpath.ops.gated_delta import (
 )
 from hotpath.ops.norm import gated_rms_norm
 from hotpath.runner.forward_batch import ForwardBatch
+
+
+@dataclass
+class VerifyRecord:
+    """What a forward with verify rows keeps for `GatedDeltaNet.rollback`: per verify row (in the
+    order of `ForwardBatch.verify_rows`) its slot and states before the step, and its tokens'
+    inputs back to back (row j's are rows cu[j]:cu[j + 1])."""
+
+    slots: list[int]  # each verify row's state slot
+    cu: list[int]  # [V + 1] offsets of the rows' tokens in the tensors below
+    conv: torch.Tensor  # [V, conv_dim, K - 1] conv states before the step
+    state: torch.Tensor  # [V, Hv, Dk, Dv] fp32 recurrent states before the step
+    mixed: torch.Tensor  # [Tv, conv_dim] the conv's inputs
+    y: torch.Tensor | None = None  # [Tv, conv_dim] silu(conv) = [q | k | v]
+    g: torch.Tensor | None = None  # [Tv, Hv]
+    beta: torch.Tensor | None = None  # [Tv, Hv]
 
 
 class GatedRMSNorm(nn.Module):
@@ -92,6 +120,8 @@ class GatedDeltaNet(nn.Module):
         # and the same for the snapshots prefix caching keeps
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.snapshots: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the last forward's verify rows, kept until the runner rolls them back (speculation)
+        self.verify: VerifyRecord | None = None
 
     def cache_spec(self) -> StateCacheSpec:
         return StateCacheSpec(self.conv_dim, self.conv_width, self.num_v_heads, self.k_head_dim,
@@ -110,6 +140,49 @@ class GatedDeltaNet(nn.Module):
         """Each snapshot's states := its slot's (a block boundary)."""
         for pool, saved in zip(self.state, self.snapshots):
             saved[snapshot_ids] = pool[slots]
+
+    def copy_states(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Slots dst := slots src (a draft model's speculative tokens run on a copy)."""
+        for pool in self.state:
+            pool[dst] = pool[src]
+
+    def rollback(self, rows: list[int], kept: list[int]) -> None:
+        """After acceptance: verify row rows[i] of the last forward (an index into its
+        `verify_rows`) keeps only its first kept[i] tokens (1 <= kept[i] <= its tokens). Its slot's
+        states := the states after those tokens, recomputed from the states before the step and
+        the recorded inputs. No host sync: index tensors built on the host, then device ops."""
+        rec = self.verify
+        assert rec is not None, "no verify rows recorded in the last forward"
+        if not rows:
+            return
+        conv_states, states = self.state
+        device = states.device
+        width = self.conv_width - 1
+        num_verify = len(rec.slots)
+
+        def dev(data: list[int]) -> torch.Tensor:
+            return torch.tensor(data, dtype=torch.int64).to(device, non_blocking=True)
+
+        slots = dev([rec.slots[j] for j in rows])
+        # the conv window after kept tokens: positions kept .. kept + K - 2 of the row's inputs
+        # [saved window (K - 1), its tokens' inputs], as rows of `src`
+        src = torch.cat([rec.conv.transpose(1, 2).reshape(num_verify * width, -1),
+                         rec.mixed.to(conv_states.dtype)])
+        window = dev([[j * width + p if p < width else num_verify * width + rec.cu[j] + p - width
+                       for p in range(n, n + width)] for j, n in zip(rows, kept)])
+        conv_states[slots] = src[window].transpose(1, 2)
+        # the rule over the kept tokens from the states before the step
+        states[slots] = rec.state[dev(rows)]
+        tokens = dev([rec.cu[j] + t for j, n in zip(rows, kept) for t in range(n)])
+        cu = [0]
+        for n in kept:
+            cu.append(cu[-1] + n)
+        y = rec.y[tokens]
+        q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        gated_delta_rule(q.reshape(-1, self.num_k_heads, self.k_head_dim),
+                         k.reshape(-1, self.num_k_heads, self.k_head_dim),
+                         v.reshape(-1, self.num_v_heads, self.v_head_dim), rec.g[tokens], rec.beta[tokens],
+                         torch.tensor(cu, dtype=torch.int32).to(device, non_blocking=True), states, slots)
 
     def fuses(self, x: torch.Tensor) -> bool:
         return all(proj.fuses(x) for proj in self._projections()) and self.out_proj.fuses(x)
@@ -159,6 +232,7 @@ class GatedDeltaNet(nn.Module):
         conv_states, states = self.state
         weight = self.conv1d.weight[:, 0, :]  # [conv_dim, conv_width]
         saves = {row: (cut, snap) for row, cut, snap in batch.state_saves or ()}
+        self.verify = None  # a new step (verify rows have 2 tokens or more: the prefill path)
         if batch.max_query_len == 1:  # decode: every sequence one token, all at once (the
             # runner saves snapshots after the step)
             assert not saves
@@ -183,6 +257,15 @@ class GatedDeltaNet(nn.Module):
             fresh_slots = torch.tensor(fresh, device=mixed.device)
             conv_states[fresh_slots] = 0
             states[fresh_slots] = 0
+        rec = None
+        if batch.verify_rows:  # speculation: what `rollback` needs, the states before the step first
+            verify_slots = [slots[i] for i in batch.verify_rows]
+            index = torch.tensor(verify_slots, dtype=torch.int64).to(mixed.device, non_blocking=True)
+            cu_verify = [0]
+            for i in batch.verify_rows:
+                cu_verify.append(cu_verify[-1] + cu[i + 1] - cu[i])
+            rec = VerifyRecord(verify_slots, cu_verify, conv_states[index], states[index],
+                               mixed[batch.verify_tokens])
         # a snapshot's conv state at a cut: the last inputs before it (read before the conv moves
         # the slot's state on)
         conv_at_cut = {}
@@ -191,6 +274,9 @@ class GatedDeltaNet(nn.Module):
             conv_at_cut[i] = inputs[:, inputs.shape[1] - (self.conv_width - 1):]
         chunks = prefill_chunks(batch.cu_query_lens, mixed.shape[0])
         y = causal_conv1d_varlen(mixed, weight, conv_states, batch.cu_query_lens, batch.state_slots, chunks)
+        if rec is not None:
+            rec.y, rec.g, rec.beta = y[batch.verify_tokens], g[batch.verify_tokens], beta[batch.verify_tokens]
+            self.verify = rec
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(-1, self.num_k_heads, self.k_head_dim)
         k = k.reshape(-1, self.num_k_heads, self.k_head_dim)

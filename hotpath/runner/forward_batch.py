@@ -35,6 +35,11 @@ class ForwardBatch:
     # the state of the linear-attention layers, on the host
     state_saves: list[tuple[int, int, int]] | None = None
     cu_query_lens_host: list[int] | None = None  # cu_query_lens as the host built it
+    # speculative decoding on hybrid models: the rows that verify drafts (their linear-attention
+    # state is rolled back to the tokens kept after acceptance: GatedDeltaNet.rollback), on the
+    # host, and their tokens' rows in the flat batch, back to back, on the device
+    verify_rows: list[int] | None = None
+    verify_tokens: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

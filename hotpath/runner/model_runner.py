@@ -156,13 +156,18 @@ class ModelRunner:
         if self.draft_model is not None:
             layers = layers + self.draft_model.cache_layers()
         self.kv_layers = [layer for layer in layers if isinstance(layer.cache_spec(), KVCacheSpec)]
-        self.state_layers = [layer for layer in layers if isinstance(layer.cache_spec(), StateCacheSpec)]
+        # the target's linear-attention layers (hybrid models), and a hybrid draft model's
+        self.state_layers = [layer for layer in self.model.cache_layers()
+                             if isinstance(layer.cache_spec(), StateCacheSpec)]
+        self.draft_state_layers = [] if self.draft_model is None else [
+            layer for layer in self.draft_model.cache_layers() if isinstance(layer.cache_spec(), StateCacheSpec)]
         # a state slot per sequence the scheduler may run at once, each freed when its sequence
         # finishes or is preempted (hybrid models; none otherwise); fewer where max_num_seqs
         # slots would not fit (a waiting request then waits for a slot)
-        self.num_state_slots = self._num_state_slots() if self.state_layers else 0
+        stateful = bool(self.state_layers or self.draft_state_layers)
+        self.num_state_slots = self._num_state_slots() if stateful else 0
         # and as many snapshots of it, for prefix caching (engine/state_snapshots.py)
-        self.num_snapshots = self.num_state_slots if engine_config.enable_prefix_caching else 0
+        self.num_snapshots = self.num_state_slots if engine_config.enable_prefix_caching and self.state_layers else 0
         # one slot more than the manager hands out: padding rows of a CUDA graph batch use it
         # (allocated before the KV blocks are sized, so it counts against the memory budget too)
         self.scratch_state_slot = self.num_state_slots if self.state_layers else None
@@ -170,6 +175,17 @@ class ModelRunner:
             spec = layer.cache_spec()
             layer.bind_cache(spec.allocate(self.num_state_slots + 1, dtype, device),
                              spec.allocate(self.num_snapshots, dtype, device))
+        # a hybrid draft model: each sequence's slot, and a second one its speculative tokens run
+        # on (a copy of the first, made at its first draft: rows_batch), so the drafts it feeds
+        # itself never advance the state its next catch-up continues from; no snapshots (the
+        # draft model starts each sequence from its first token)
+        for layer in self.draft_state_layers:
+            spec = layer.cache_spec()
+            layer.bind_cache(spec.allocate(2 * self.num_state_slots + 1, dtype, device),
+                             spec.allocate(0, dtype, device))
+        # the last verify step's rows, for rollback_states: seq_id -> (index among the step's
+        # verify rows, the row's tokens)
+        self._verify_rows: dict[int, tuple[int, int]] = {}
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
         self.sampler = Sampler()
@@ -192,6 +208,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             return ec.max_num_seqs
         per_slot = sum(layer.cache_spec().bytes_per_slot(self.dtype) for layer in self.state_layers)
+        per_slot += 2 * sum(layer.cache_spec().bytes_per_slot(self.dtype) for layer in self.draft_state_layers)
         free, total = torch.cuda.mem_get_info(self.device)
         budget = total * ec.gpu_memory_utilization - (total - free) - self._activation_bytes()
         slots = state_slots_that_fit(ec.max_num_seqs, per_slot, ec.enable_prefix_caching, budget)
@@ -301,6 +318,19 @@ class ModelRunner:
 
         scheduled = [(rows[r].seq, len(rows[r].tokens)) for r in order]
         stateful = state and bool(self.state_layers)
+        verify_rows = verify_tokens = None
+        if stateful:  # verify rows (drafts after the last token): rolled back after acceptance
+            verify_rows = [i for i, seq in enumerate(seqs) if seq.draft_token_ids]
+            self._verify_rows = {seqs[i].seq_id: (j, len(rows[order[i]].tokens))
+                                 for j, i in enumerate(verify_rows)}
+            if verify_rows:
+                verify_tokens = t([p for i in verify_rows for p in range(cu_query_lens[i], cu_query_lens[i + 1])],
+                                  torch.int64)
+        state_slots = None
+        if stateful:
+            state_slots = t([seq.state_slot for seq in seqs], torch.int64)
+        elif not state and self.draft_state_layers:
+            state_slots = t(self._draft_state_slots([rows[r] for r in order]), torch.int64)
         batch = ForwardBatch(
             cu_query_lens=t(cu_query_lens, torch.int32),
             context_lens=t(context_lens, torch.int32),
@@ -309,20 +339,76 @@ class ModelRunner:
             logits_indices=t(logits_indices, torch.int64),
             max_query_len=max(n for _, n in scheduled),
             max_context_len=max(context_lens),
-            state_slots=t([seq.state_slot for seq in seqs], torch.int64) if stateful else None,
+            state_slots=state_slots,
             state_saves=self._state_saves(scheduled) if stateful else None,
             cu_query_lens_host=cu_query_lens,
+            verify_rows=verify_rows or None,
+            verify_tokens=verify_tokens,
         )
         num_few = sum(1 for _, n in scheduled if n <= DECODE_MAX_QUERY_LEN)
         if 0 < num_few < len(scheduled):
             batch.split = self._split_batch(batch, num_few, cu_query_lens, context_lens, scheduled)
         return t(input_ids, torch.int64), t(positions, torch.int64), batch, order
 
+    def _draft_state_slots(self, rows: list[Row]) -> list[int]:
+        """A hybrid draft model's forward (rows_batch without `state`): each row's slot in the
+        draft's state pools. Rows of the sequence's own tokens (catching up) run on its slot; rows
+        of drafts (at or past num_tokens) on its second slot, copied from the first at the first
+        draft, so the next catch-up continues from the state after the sequence's tokens only."""
+        n = self.num_state_slots
+        slots, forks = [], []
+        for seq, first, _, _ in rows:
+            if first < seq.num_tokens:
+                slots.append(seq.state_slot)
+                continue
+            slots.append(n + 1 + seq.state_slot)
+            if first == seq.num_tokens:
+                forks.append(seq.state_slot)
+        if forks:
+            src = torch.tensor(forks, dtype=torch.int64).to(self.device, non_blocking=True)
+            for layer in self.draft_state_layers:
+                layer.copy_states(src, src + (n + 1))
+        return slots
+
+    @torch.inference_mode()
+    def rollback_states(self, rows: list[tuple[Sequence, int]]) -> None:
+        """After a verify step's acceptance (hybrid models): each (sequence, tokens it kept of
+        its row: accepted drafts + 1) of the step's verify rows. Its linear-attention layers'
+        state slot is set back to the state after those tokens (GatedDeltaNet.rollback); a row
+        that kept every token is left as it is. Queued on the device, no host sync. Called after
+        the step's collect and before the next launch, which frees the step's records anyway (the
+        rows that finished are not rolled back: their slots are free)."""
+        picks = []
+        for seq, kept in rows:
+            j, num_tokens = self._verify_rows[seq.seq_id]
+            assert 1 <= kept <= num_tokens, (kept, num_tokens)
+            if kept < num_tokens:
+                picks.append((j, kept))
+        if picks:
+            verify, kept = map(list, zip(*picks))
+            for layer in self.state_layers:
+                layer.rollback(verify, kept)
+        self._free_verify_records()
+
+    def _free_verify_records(self) -> None:
+        for layer in self.state_layers:
+            layer.verify = None
+        self._verify_rows = {}
+
     def _state_saves(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[int, int, int]] | None:
         """Hybrid models: first the snapshots the step's sequences start from (a prefix hit) are
         copied into their slots; returns where the step saves snapshots, (row, tokens into the
         row's chunk, snapshot id), for the layers to save as they go. A decode step's saves are
-        the runner's, after the forward (_save_decoded_snapshots), graph or not."""
+        the runner's, after the forward (_save_decoded_snapshots), graph or not.
+
+        A verify row saves where planned too, `cut` tokens into its last token and drafts. Kept
+        tokens reach the cut: the state is the sequence's. They stop short of it: the pending
+        snapshot holds a state with rejected drafts, labelled with a boundary past the sequence's
+        computed tokens; it is never registered (registration needs the boundary block's hash, and
+        blocks are hashed only up to computed tokens whose ids are known), and the step that
+        brings the sequence to that boundary saves it again. (Not saving in verify rows would be
+        wrong: plan_save has already moved the pending snapshot's boundary on, so an accepted run
+        over it would leave the old state registered under the new boundary.)"""
         if not self.state_layers:
             return None
         self._restore_snapshots(scheduled)
@@ -397,6 +483,8 @@ class ModelRunner:
         whose input token is a pending token of prev's takes it from prev's sampled ids on the
         device. Such rows must be plain greedy (is_plain_greedy): the Sampler would read output
         token lists that lack the pending tokens."""
+        if self._verify_rows:  # the last verify step's records, rolled back by now (or finished)
+            self._free_verify_records()
         graph_size = self._graph_size(scheduled)
         if graph_size:
             sampling = [seq for seq, _ in scheduled]
