@@ -95,9 +95,6 @@ class Engine:
             self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,
             args.seed, args.enforce_eager, draft,
         )
-        if self.spec_config is not None and self.runner.state_layers and not hasattr(self.runner, "rollback_states"):
-            raise ValueError("speculative decoding is not supported on hybrid (linear-attention) "
-                             "models yet: their recurrent state cannot be rolled back")
         capacity = self.runner.num_blocks * self.config.block_size
         if capacity < max_model_len:
             raise ValueError(

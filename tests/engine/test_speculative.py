@@ -188,12 +188,6 @@ def test_json_config():
     assert cfg.method == "ngram" and cfg.num_speculative_tokens == 2
 
 
-def test_hybrid_refused(tiny_model_factory):
-    path, _ = tiny_model_factory("qwen3next-hybrid")
-    with pytest.raises(ValueError, match="hybrid"):
-        LLM(str(path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=128,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-
 
 def test_draft_with_a_smaller_vocabulary(setup, plain, tmp_path):
     """A draft whose embedding table has fewer (padding) rows than the target's, as
