@@ -93,3 +93,20 @@ def make_tiny_model(name: str, out_dir: Path, vocab_size: int = 512, seed: int =
                 p.mul_(50)
     model.save_pretrained(out_dir)
     return model
+
+
+def perturbed_copy(src: Path, out: Path, generator: torch.Generator, scale: float) -> Path:
+    """A copy of the checkpoint at `src` in `out` with each matrix perturbed by noise of `scale`
+    times its std: a draft model that agrees with its target most of the time, not always."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    for f in src.glob("*.safetensors"):
+        noisy = {k: v + scale * v.std() * torch.randn(v.shape, generator=generator) if v.dim() >= 2 else v
+                 for k, v in load_file(f).items()}
+        save_file(noisy, out / f.name, metadata={"format": "pt"})
+    return out

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import perturbed_copy
 
 from hotpath import LLM, SamplingParams
 from hotpath.engine.spec.config import SpeculativeConfig
@@ -29,15 +30,7 @@ def make_setup(name, tiny_model_factory, tmp_path_factory):
     for n in LENGTHS:
         p = torch.randint(3, vocab, (n,), generator=g).tolist()
         prompts.append(p + p[: n // 2])
-    draft = tmp_path_factory.mktemp(f"draft-{name}")
-    for f in path.iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, draft / f.name)
-    for f in path.glob("*.safetensors"):
-        tensors = load_file(f)
-        noisy = {k: v + 0.3 * v.std() * torch.randn(v.shape, generator=g) if v.dim() >= 2 else v
-                 for k, v in tensors.items()}
-        save_file(noisy, draft / f.name, metadata={"format": "pt"})
+    draft = perturbed_copy(Path(path), tmp_path_factory.mktemp(f"draft-{name}"), g, 0.3)
     return str(path), str(draft), prompts
 
 

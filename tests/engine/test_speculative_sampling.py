@@ -13,8 +13,6 @@ distribution is caught with >= 99% probability. The negative control (temperatur
 1.0, a smaller change than most bugs make) must fail the same check, showing the test can fail.
 """
 
-import shutil
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -29,7 +27,7 @@ CRITICAL = 37.70  # chi-square, 15 degrees of freedom, alpha = 1e-3
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tiny_models import make_tiny_model
+    from tiny_models import make_tiny_model, perturbed_copy
 
     target = tmp_path_factory.mktemp("tiny-vocab")
     make_tiny_model("qwen2-gqa4-tied", target, vocab_size=VOCAB, seed=3)
@@ -39,15 +37,7 @@ def models(tmp_path_factory):
         tensors = load_file(f)
         tensors["model.norm.weight"] = tensors["model.norm.weight"] * SHARPEN
         save_file(tensors, f, metadata={"format": "pt"})
-    draft = tmp_path_factory.mktemp("tiny-vocab-draft")
-    for f in target.iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, draft / f.name)
-    g = torch.Generator().manual_seed(5)
-    for f in target.glob("*.safetensors"):
-        noisy = {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=g) if v.dim() >= 2 else v
-                 for k, v in load_file(f).items()}
-        save_file(noisy, draft / f.name, metadata={"format": "pt"})
+    draft = perturbed_copy(target, tmp_path_factory.mktemp("tiny-vocab-draft"), torch.Generator().manual_seed(5), 0.5)
     return str(target), str(draft)
 
 

@@ -78,7 +78,6 @@ from hotpath.ops.triton_utils import (
     pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
-    sm_count,
     zeroed_counters,
 )
 
