@@ -375,17 +375,20 @@ class Engine:
                 accepted = len(tokens) - 1
                 seq.num_computed_tokens -= drafts - accepted
                 kept.append((seq, accepted + 1))
-                seq.num_drafted += drafts
-                seq.num_accepted += accepted
-                self.spec_stats.record(drafts, accepted)
                 self.spec_policy.record_acceptance(seq, drafts, accepted)
                 seq.draft_token_ids, seq.draft_probs = [], None
+            appended = 0
             for token in tokens:  # stops are checked token by token: the rest is dropped
                 self._append_token(req, seq, token)
+                appended += 1
                 if seq.is_finished:
                     break
-            if drafts and not seq.is_finished:
-                self.kv_cache.trim(seq, seq.num_tokens)
+            if drafts:  # counted as accepted: the drafts that reached the output
+                seq.num_drafted += drafts
+                seq.num_accepted += min(accepted, appended)
+                self.spec_stats.record(drafts, min(accepted, appended))
+                if not seq.is_finished:
+                    self.kv_cache.trim(seq, seq.num_tokens)
             if req.first_token_time is None:
                 req.first_token_time = now
             touched[req.request_id] = req
