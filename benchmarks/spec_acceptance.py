@@ -33,11 +33,12 @@ the reference run, to the first N prompts; the JSON says how many were checked).
 written to the JSON (prompt, first differing position, both tokens) and the script exits 1.
 
 What is measured, from the engine's counters (llm.engine.spec_stats) and from a log of every
-step (the drafter's propose() and the policy's record_acceptance() wrapped: each step's drafts
-and the engine's accepted count; their sums are checked against the counters). The
-engine counts as accepted the drafts after an accepted stop token that the target predicted too
-(the output ends at the stop); "accepted_per_pos_by_output" counts the drafts' agreement with
-the output instead, and "steps_counted_past_a_stop" says how many steps differ:
+step (the drafter's propose() and the policy's record_acceptance() wrapped): each step's drafts,
+accepted as far as they agree with the final output (the drafts that reached the output, what
+the engine's counters count since 8c48ada; their sums are checked against the counters). The
+verify step's own count (len(verified tokens) - 1, what the policy sees) also takes the drafts
+after an accepted stop token that the target predicted too: "accepted_per_pos_incl_past_stop",
+and "steps_counted_past_a_stop" says how many steps differ:
   - rate[i]: accepted_per_pos[i] / drafted_per_pos[i], the acceptance at draft position i among
     verify steps that drafted one there (it includes the rejections before it);
   - cond[i]: P(draft i accepted | drafts 1..i-1 accepted, draft i proposed), from the step log;
@@ -206,7 +207,7 @@ def step_stats(steps: list[tuple[int, int]], k: int) -> dict:
 
 def measured_steps(log, request_index: dict[str, int], outputs: list[list[int]]):
     """Per request, the steps that had draft slots as (t, slots, drafts, accepted, prefix):
-    accepted as the engine counted it (len(verified tokens) - 1), prefix the drafts' common
+    accepted as the verify step counted it (len(verified tokens) - 1), prefix the drafts' common
     prefix with the final output. They differ only where a stop token was accepted before the
     last accepted draft: the engine counts the drafts after it that the target also predicted,
     the output ends at the stop."""
@@ -361,8 +362,8 @@ def per_workload(value: str, workloads: list[str], name: str) -> list[int | None
 
 def workload_figures(idx: list[int], per_req, outputs, outs, k: int) -> dict:
     """The measured figures of one workload's prompts."""
-    stats = step_stats([(len(d), a) for i in idx for _, _, d, a, _ in per_req[i]], k)
-    by_output = step_stats([(len(d), a) for i in idx for _, _, d, _, a in per_req[i]], k)
+    stats = step_stats([(len(d), a) for i in idx for _, _, d, _, a in per_req[i]], k)
+    raw = step_stats([(len(d), a) for i in idx for _, _, d, a, _ in per_req[i]], k)
     decode_steps = sum(count_decode_steps(per_req[i], outputs[i]) for i in idx)
     emitted = sum(len(outputs[i]) - 1 for i in idx)
     return {
@@ -374,9 +375,9 @@ def workload_figures(idx: list[int], per_req, outputs, outs, k: int) -> dict:
         "per_prompt_drafts_accepted": [[outs[i].metrics.get("spec_num_draft_tokens"),
                                         outs[i].metrics.get("spec_num_accepted_tokens")] for i in idx],
         **stats,
-        # accepted as the drafts' agreement with the output: differs from the engine's count by the
-        # drafts after an accepted stop token that the target predicted too (the output ends at the stop)
-        "accepted_per_pos_by_output": by_output["accepted_per_pos"],
+        # counting also the drafts after an accepted stop token that the target predicted too (the
+        # output ends at the stop): len(verified tokens) - 1, the count the policy sees
+        "accepted_per_pos_incl_past_stop": raw["accepted_per_pos"],
         "steps_counted_past_a_stop": sum(1 for i in idx for st in per_req[i] if st[3] != st[4]),
         "decode_steps": decode_steps,  # steps after the prefill, with drafts or without
         "tokens_per_decode_step": emitted / decode_steps if decode_steps else None,
@@ -480,7 +481,7 @@ def main() -> int:
                            "num_accepted_tokens": eng.num_accepted_tokens,
                            "drafted_per_pos": list(eng.drafted_per_pos), "accepted_per_pos": list(eng.accepted_per_pos)}
         per_req = measured_steps(log, index, outputs)
-        all_stats = step_stats([(len(d), a) for steps in per_req for _, _, d, a, _ in steps], k)
+        all_stats = step_stats([(len(d), a) for steps in per_req for _, _, d, _, a in steps], k)
         counters_agree = (all_stats["drafted_per_pos"] == engine_counters["drafted_per_pos"]
                           and all_stats["accepted_per_pos"] == engine_counters["accepted_per_pos"]
                           and all_stats["num_verify_steps"] == engine_counters["num_drafts"])
@@ -539,7 +540,7 @@ def main() -> int:
                     tables[kk] = replay_table(steps, [outputs[i] for i in idx], kk)
                 fig = run["workloads"][w]
                 same = (tables[k]["drafted_per_pos"] == fig["drafted_per_pos"]
-                        and tables[k]["accepted_per_pos"] == fig["accepted_per_pos_by_output"]
+                        and tables[k]["accepted_per_pos"] == fig["accepted_per_pos"]
                         and tables[k]["decode_steps"] == fig["decode_steps"])
                 fig["replay"] = {
                     "source": replay_src,
@@ -576,13 +577,13 @@ def main() -> int:
             outputs2 = [list(o.outputs[0].token_ids) for o in outs2]
             index2 = {o.request_id: j for j, o in enumerate(outs2)}
             per_req2 = measured_steps(log, index2, outputs2)
-            st2 = step_stats([(len(d), a) for s in per_req2 for _, _, d, a, _ in s], args.check_k)
+            st2 = step_stats([(len(d), a) for s in per_req2 for _, _, d, _, a in s], args.check_k)
             rep = [replay(outputs[i], args.max_tokens, args.check_k, drafts_at(i)) for i in chk]
             # the drafter is called for the steps with draft slots only
             measured = [[(t, slots, len(d), a) for t, slots, d, _, a in s] for s in per_req2]
             outputs_equal = outputs2 == [outputs[i] for i in chk]
             steps_equal = outputs_equal and measured == [[st for st in s if st[1] > 0] for s in rep]
-            st_k = step_stats([(len(d), a) for i in chk for _, _, d, a, _ in per_req[i]], k)
+            st_k = step_stats([(len(d), a) for i in chk for _, _, d, _, a in per_req[i]], k)
             run["check_k"] = {
                 "workload": w, "k": args.check_k, "prompts": len(chk), "wall_s": round(wall2, 2),
                 "outputs_equal_to_k_run": outputs_equal,
