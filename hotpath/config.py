@@ -65,6 +65,10 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     attn_output_gate: bool = False  # q_proj also emits a sigmoid gate on the attention output
     zero_centred_norms: bool = False  # RMSNorm weights stored as w - 1 (normalise with 1 + w)
+    # the multi-token-prediction layers (mtp.*) config.json declares (Qwen3-Next's
+    # num_nextn_predict_layers, Qwen3.5's mtp_num_hidden_layers); None: it says nothing
+    # (hotpath/models/mtp.py)
+    mtp_num_layers: int | None = None
     # the linear layers' format (a hotpath.layers.quant QuantConfig), from the checkpoint's
     # quantization_config or `quantization=`; set by the engine (read_quant_config), None: 16-bit
     quantization: Any = None

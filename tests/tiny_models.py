@@ -65,8 +65,11 @@ TINY_CONFIGS = {
 }
 
 
-def make_tiny_model(name: str, out_dir: Path, vocab_size: int = 512, seed: int = 0):
-    """Writes the checkpoint to out_dir and returns the HF model (fp32, eval)."""
+def make_tiny_model(name: str, out_dir: Path, vocab_size: int = 512, seed: int = 0, mtp_layers: int = 0,
+                    fused_mtp_experts: bool = False):
+    """Writes the checkpoint to out_dir and returns the HF model (fp32, eval). `mtp_layers` > 0 (the
+    hybrid models): the checkpoint also carries a multi-token-prediction head (add_mtp_weights),
+    which HF's model does not have; the rest of the checkpoint is the same as without it."""
     import transformers
 
     cls_name, kwargs = TINY_CONFIGS[name]
@@ -92,7 +95,84 @@ def make_tiny_model(name: str, out_dir: Path, vocab_size: int = 512, seed: int =
             if pname.endswith("mlp.gate.weight"):  # MoE routers: decisive routing, not near-uniform
                 p.mul_(50)
     model.save_pretrained(out_dir)
+    if mtp_layers:
+        add_mtp_weights(out_dir, mtp_layers, seed, fused_mtp_experts)
     return model
+
+
+def add_mtp_weights(out_dir: Path, num_layers: int = 1, seed: int = 0, fused_experts: bool = False) -> None:
+    """Adds a multi-token-prediction head to the hybrid checkpoint in out_dir (HF's save_pretrained
+    drops it), in the published layout (hotpath/models/mtp.py): `mtp.fc` [H, 2H], the zero-centred
+    norms `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`, and `mtp.layers.{i}.*`,
+    each a full-attention decoder layer (gated q_proj, QK-norm) with the MLP the model's rule gives
+    layer i (shared-expert MoE or dense); experts one tensor per expert and projection, or with
+    `fused_experts` as `experts.gate_up_proj` [E, 2I, H] / `experts.down_proj` [E, H, I]. The
+    config gets the layer count under the family's key: Qwen3-Next's num_nextn_predict_layers,
+    Qwen3.5's mtp_num_hidden_layers (in text_config for the image-text model). Random values as
+    make_tiny_model's (normal, std = initializer_range; norms 0.1 around 0; routers x 50), drawn
+    from their own generator, so the model's own tensors are untouched."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    text = config.get("text_config", config)
+    key = "num_nextn_predict_layers" if text.get("model_type") == "qwen3_next" else "mtp_num_hidden_layers"
+    text[key] = num_layers
+    config_path.write_text(json.dumps(config, indent=2))
+
+    g = torch.Generator().manual_seed(10_000 + seed)
+    std = text.get("initializer_range", 0.02)
+
+    def matrix(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std * scale
+
+    def norm(n: int) -> torch.Tensor:  # stored as w - 1
+        return torch.randn(n, generator=g) * 0.1
+
+    H, hd = text["hidden_size"], text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    heads, kv = text["num_attention_heads"], text.get("num_key_value_heads") or text["num_attention_heads"]
+    tensors = {"mtp.fc.weight": matrix(H, 2 * H), "mtp.pre_fc_norm_embedding.weight": norm(H),
+               "mtp.pre_fc_norm_hidden.weight": norm(H), "mtp.norm.weight": norm(H)}
+    num_experts = text.get("num_experts", 0)
+    for i in range(num_layers):
+        p = f"mtp.layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": norm(H), p + "post_attention_layernorm.weight": norm(H),
+            p + "self_attn.q_proj.weight": matrix(2 * heads * hd, H),  # each head's query, then its gate
+            p + "self_attn.k_proj.weight": matrix(kv * hd, H), p + "self_attn.v_proj.weight": matrix(kv * hd, H),
+            p + "self_attn.o_proj.weight": matrix(H, heads * hd),
+            p + "self_attn.q_norm.weight": norm(hd), p + "self_attn.k_norm.weight": norm(hd),
+        })
+        sparse = (num_experts > 0 and i not in (text.get("mlp_only_layers") or [])
+                  and (i + 1) % text.get("decoder_sparse_step", 1) == 0)
+        if not sparse:
+            inter = text["intermediate_size"]
+            tensors.update({p + "mlp.gate_proj.weight": matrix(inter, H), p + "mlp.up_proj.weight": matrix(inter, H),
+                            p + "mlp.down_proj.weight": matrix(H, inter)})
+            continue
+        inter, shared = text["moe_intermediate_size"], text["shared_expert_intermediate_size"]
+        gate, up, down = matrix(num_experts, inter, H), matrix(num_experts, inter, H), matrix(num_experts, H, inter)
+        if fused_experts:
+            tensors[p + "mlp.experts.gate_up_proj"] = torch.cat([gate, up], dim=1)
+            tensors[p + "mlp.experts.down_proj"] = down
+        else:
+            for e in range(num_experts):
+                tensors.update({p + f"mlp.experts.{e}.gate_proj.weight": gate[e].clone(),
+                                p + f"mlp.experts.{e}.up_proj.weight": up[e].clone(),
+                                p + f"mlp.experts.{e}.down_proj.weight": down[e].clone()})
+        tensors.update({
+            p + "mlp.gate.weight": matrix(num_experts, H, scale=50),  # decisive routing
+            p + "mlp.shared_expert.gate_proj.weight": matrix(shared, H),
+            p + "mlp.shared_expert.up_proj.weight": matrix(shared, H),
+            p + "mlp.shared_expert.down_proj.weight": matrix(H, shared),
+            p + "mlp.shared_expert_gate.weight": matrix(1, H),
+        })
+    files = list(out_dir.glob("*.safetensors"))
+    if len(files) != 1 or (out_dir / "model.safetensors.index.json").exists():
+        raise ValueError(f"add_mtp_weights expects one unsharded safetensors file in {out_dir}")
+    save_file({**load_file(files[0]), **tensors}, files[0], metadata={"format": "pt"})
 
 
 def perturbed_copy(src: Path, out: Path, generator: torch.Generator, scale: float) -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -29,8 +29,23 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iterate_safetensors(model_dir: Path, desc: str = "Loading weights") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (name, tensor) one at a time, so host memory holds one tensor, not the model."""
+def checkpoint_tensor_names(model_dir: Path) -> list[str]:
+    """Every tensor name in the checkpoint, from the index or the files' headers (no data read)."""
+    names: list[str] = []
+    for f in checkpoint_files(model_dir):
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as h:
+                names.extend(h.keys())
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{f} is not a readable safetensors file: {e}") from e
+    return names
+
+
+def iterate_safetensors(
+    model_dir: Path, desc: str = "Loading weights", select: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (name, tensor) one at a time, so host memory holds one tensor, not the model;
+    with `select`, only the tensors whose name it accepts (the others are not read)."""
     files = checkpoint_files(model_dir)
     handles = []
     total = 0
@@ -39,11 +54,12 @@ def iterate_safetensors(model_dir: Path, desc: str = "Loading weights") -> Itera
             h = safe_open(str(f), framework="pt", device="cpu")
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{f} is not a readable safetensors file: {e}") from e
-        handles.append((f, h))
-        total += len(h.keys())
+        names = [n for n in h.keys() if select is None or select(n)]
+        handles.append((f, h, names))
+        total += len(names)
     with tqdm(total=total, desc=desc, unit="tensor", leave=False) as bar:
-        for f, h in handles:
-            for name in h.keys():
+        for f, h, names in handles:
+            for name in names:
                 try:
                     tensor = h.get_tensor(name)
                 except (SafetensorError, OSError) as e:

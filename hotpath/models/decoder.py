@@ -127,60 +127,18 @@ class DecoderModel(nn.Module):
         return h
 
 
-class CausalLM(nn.Module):
-    """A decoder with its LM head; the model contract the runner relies on:
-    forward(input_ids, positions, batch) -> hidden, compute_logits(hidden) -> fp32 logits, the
-    layers that keep a cache (`cache_layers`), and `load_weights` from HF-named tensors."""
+class CheckpointLoading:
+    """Loading from HF-named checkpoint tensors, for a module whose layers name their tensors
+    (`checkpoint_tensors`; any other parameter is its own): `CausalLM`, and the MTP head a
+    hybrid checkpoint carries beside its model (models/mtp.py). Needs `self.config`."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
-        super().__init__()
-        self.config = cfg
-        self.model = DecoderModel(cfg, max_positions, self)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    # ---- what a family provides ---------------------------------------------------------------
-    @classmethod
-    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
-        """This family's ModelConfig from a config.json's contents."""
-        raise NotImplementedError
-
-    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
-        """Layer `layer`'s MLP block."""
-        raise NotImplementedError
+    config: ModelConfig
 
     def checkpoint_name(self, name: str) -> str | None:
         """The model's name for a checkpoint tensor, or None for one it does not use (a family
         whose checkpoints nest the text model, or carry other towers, maps them here)."""
         return name
 
-    def make_mixer(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> tuple[str, nn.Module]:
-        """Layer `layer`'s token mixer and its checkpoint name: self-attention unless a family
-        says otherwise."""
-        return "self_attn", SelfAttention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, rotary,
-            qkv_bias=cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
-            output_gate=cfg.attn_output_gate, zero_centred_norms=cfg.zero_centred_norms,
-        )
-
-    # ---- the runner's contract ----------------------------------------------------------------
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [num_tokens]
-        positions: torch.Tensor,  # [num_tokens]
-        batch: ForwardBatch,
-    ) -> torch.Tensor:  # [num_tokens, hidden]
-        return self.model(input_ids, positions, batch)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, vocab] fp32
-        return self.lm_head(hidden)
-
-    def cache_layers(self) -> list[nn.Module]:
-        """The layers that keep a per-sequence cache, in order (each has cache_spec/bind_cache)."""
-        return [m for m in self.modules() if hasattr(m, "cache_spec")]
-
-    # ---- loading ------------------------------------------------------------------------------
     def weight_loaders(self) -> WeightLoaders:
         """{checkpoint (HF) tensor name: loader}: layers that fill fused or stacked parameters
         name their checkpoint tensors (checkpoint_tensors); any other parameter is its own."""
@@ -231,6 +189,55 @@ class CausalLM(nn.Module):
     def expected_weight_names(self) -> list[str]:
         """The checkpoint (HF) tensor names this model needs."""
         return list(self.weight_loaders())
+
+
+class CausalLM(CheckpointLoading, nn.Module):
+    """A decoder with its LM head; the model contract the runner relies on:
+    forward(input_ids, positions, batch) -> hidden, compute_logits(hidden) -> fp32 logits, the
+    layers that keep a cache (`cache_layers`), and `load_weights` from HF-named tensors."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg, max_positions, self)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    # ---- what a family provides ---------------------------------------------------------------
+    @classmethod
+    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
+        """This family's ModelConfig from a config.json's contents."""
+        raise NotImplementedError
+
+    def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        """Layer `layer`'s MLP block."""
+        raise NotImplementedError
+
+    def make_mixer(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer: int) -> tuple[str, nn.Module]:
+        """Layer `layer`'s token mixer and its checkpoint name: self-attention unless a family
+        says otherwise."""
+        return "self_attn", SelfAttention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, rotary,
+            qkv_bias=cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps if cfg.qk_norm else None,
+            output_gate=cfg.attn_output_gate, zero_centred_norms=cfg.zero_centred_norms,
+        )
+
+    # ---- the runner's contract ----------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        return self.model(input_ids, positions, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, vocab] fp32
+        return self.lm_head(hidden)
+
+    def cache_layers(self) -> list[nn.Module]:
+        """The layers that keep a per-sequence cache, in order (each has cache_spec/bind_cache)."""
+        return [m for m in self.modules() if hasattr(m, "cache_spec")]
 
 
 def _copy_into(param: nn.Parameter):

@@ -4,8 +4,10 @@ models with the shared-expert MoE block of Qwen2-MoE, the dense Qwen3.5 models w
 
 The released Qwen3.5 checkpoints are the multimodal `Qwen3_5ForConditionalGeneration` /
 `Qwen3_5MoeForConditionalGeneration`: their text model is served (its config under `text_config`,
-its weights under `model.language_model.`); the vision tower's weights are skipped, and so is the
-multi-token-prediction head (`mtp.`), each with one log line. Qwen3.5 rotates positions with
+its weights under `model.language_model.`); the vision tower's weights are skipped with one log
+line. Every checkpoint of the family may carry a multi-token-prediction head (`mtp.*`, at the top
+level in all of them): the target skips it with one log line, and `hotpath.models.mtp` builds it
+on its own when speculative decoding asks for it (method "mtp"). Qwen3.5 rotates positions with
 mRoPE, whose three position ids are equal for text: its frequencies then recompose into plain
 RoPE, so text is served with 1-D RoPE (the HF parity test is the check).
 
@@ -18,7 +20,7 @@ linear attention's gated one is zero-centred (the checkpoint stores w - 1).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.nn as nn
 
@@ -26,7 +28,6 @@ from hotpath.config import LinearAttentionConfig, ModelConfig
 from hotpath.layers.gated_delta import GatedDeltaNet
 from hotpath.layers.mlp import GatedMLP
 from hotpath.layers.rotary import RotaryEmbedding
-from hotpath.models.decoder import CausalLM
 from hotpath.models.qwen_moe import Qwen3MoeForCausalLM, moe_config
 
 logger = logging.getLogger("hotpath")
@@ -52,10 +53,13 @@ def linear_attention_config(hf: dict[str, Any]) -> LinearAttentionConfig:
 
 
 def hybrid_config(arch: str, hf: dict[str, Any], moe: bool) -> ModelConfig:
+    # Qwen3-Next names its MTP layers num_nextn_predict_layers, Qwen3.5 mtp_num_hidden_layers
+    mtp = hf.get("num_nextn_predict_layers", hf.get("mtp_num_hidden_layers"))
     cfg = ModelConfig.common(
         arch, hf, qk_norm=True, attn_output_gate=True, zero_centred_norms=True,
         moe=moe_config(hf, shared_expert=True, norm_topk_prob=True) if moe else None,
         linear_attention=linear_attention_config(hf),
+        mtp_num_layers=None if mtp is None else int(mtp),
     )
     if "partial_rotary_factor" in hf:  # published config.json files keep it at the top level
         cfg.rope.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
@@ -64,6 +68,22 @@ def hybrid_config(arch: str, hf: dict[str, Any], moe: bool) -> ModelConfig:
 
 class Qwen3NextForCausalLM(Qwen3MoeForCausalLM):
     LAYOUT = "qwen3_next"  # the Gated DeltaNet projections' checkpoint layout
+    # checkpoint prefixes the model does not load: {prefix: (what, why)}, one log line each
+    _SKIPPED: ClassVar[dict[str, tuple[str, str]]] = {
+        "mtp.": ("multi-token-prediction head", "built apart, for speculative decoding (models/mtp.py)")}
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__(cfg, max_positions)
+        self.skipped_logged: set[str] = set()
+
+    def checkpoint_name(self, name: str) -> str | None:
+        for prefix, (what, why) in self._SKIPPED.items():
+            if name.startswith(prefix):
+                if prefix not in self.skipped_logged:
+                    self.skipped_logged.add(prefix)
+                    logger.info("skipping the checkpoint's %s weights (%s*): %s", what, prefix, why)
+                return None
+        return name
 
     @classmethod
     def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
@@ -96,11 +116,8 @@ class Qwen3_5ForCausalLM(Qwen3_5MoeForCausalLM):
 class _MultimodalCheckpoint:
     """The text model of a Qwen3.5 image-text checkpoint (see the module docstring)."""
 
-    _SKIPPED = {"model.visual.": "vision tower", "mtp.": "multi-token-prediction head"}
-
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
-        super().__init__(cfg, max_positions)
-        self.skipped_logged: set[str] = set()
+    _SKIPPED: ClassVar[dict[str, tuple[str, str]]] = {
+        "model.visual.": ("vision tower", "not served yet"), **Qwen3NextForCausalLM._SKIPPED}
 
     @classmethod
     def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
@@ -109,19 +126,14 @@ class _MultimodalCheckpoint:
             raise ValueError(f"{arch} config.json has no text_config")
         if "tie_word_embeddings" in hf:  # the composite model's setting, which HF's tying follows
             text["tie_word_embeddings"] = hf["tie_word_embeddings"]
-        for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+        for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype", "mtp_num_hidden_layers"):
             if key in hf and key not in text:
                 text[key] = hf[key]
         return super().config_from_hf(arch, text)
 
     def checkpoint_name(self, name: str) -> str | None:
-        for prefix, what in self._SKIPPED.items():
-            if name.startswith(prefix):
-                if prefix not in self.skipped_logged:
-                    self.skipped_logged.add(prefix)
-                    logger.info("skipping the checkpoint's %s weights (%s*): not served yet", what, prefix)
-                return None
-        return name.replace("model.language_model.", "model.", 1)
+        name = super().checkpoint_name(name)
+        return None if name is None else name.replace("model.language_model.", "model.", 1)
 
 
 class Qwen3_5ForConditionalGeneration(_MultimodalCheckpoint, Qwen3_5ForCausalLM):
