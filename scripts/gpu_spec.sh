@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # Issue 22's GPU checks and figures (speculative decoding), for a few device calls:
 #   tests    tests/gpu/test_speculative_gpu.py: greedy equality on the GPU paths, a real-shaped run
-#   costs    the step costs behind the modelled speed-up: Qwen2.5-Coder-32B shape drafted by the
-#            0.5B shape (random weights), batch 1, each fixed k against speculation off (with
-#            random weights nothing is accepted, so TPOT = the time of one step with k drafts)
-#   batch    the adaptive choice of k against speculation off at batch 1, 8, 32 and 64 (Qwen3-8B
-#            shape, n-gram drafts over random prompts: nearly nothing accepted, so the adaptive
-#            policy must fall back to k = 0 and cost no more than noise)
+#   costs    step costs at each fixed k (benchmarks/spec_step_costs.py, random weights) and the
+#            speed-up they model with the real pair's CPU-measured acceptance: the 32B shape
+#            drafted by the 0.5B, the 1.5B by the 0.5B, the 1.5B verifying n-gram drafts
+#   batch    the adaptive choice of k against speculation off at batch 1, 8, 32 and 64
 # Usage: bash scripts/gpu_spec.sh [tests] [costs] [batch]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -20,19 +18,28 @@ if [[ $what == *" tests "* ]]; then
     | tee "$OUT/pytest_spec.log" | tail -20
 fi
 if [[ $what == *" costs "* ]]; then
-  draft=$(python3 -c "from hotpath.bench.presets import preset_dir; print(preset_dir('qwen2.5-coder-0.5b'))")
-  timeout 150 $bench --preset qwen2.5-coder-32b --batch-size 1 --input-len 512 --output-len 64 \
-    --json "$OUT/spec_costs_k0.json" 2>&1 | quiet
-  for k in 1 2 3 4 6; do
-    timeout 150 $bench --preset qwen2.5-coder-32b --batch-size 1 --input-len 512 --output-len 64 \
-      --speculative-config "{\"method\": \"draft_model\", \"model\": \"$draft\", \"num_speculative_tokens\": $k, \"adaptive\": false}" \
-      --json "$OUT/spec_costs_k$k.json" 2>&1 | quiet
-  done
+  # step costs at each fixed k, and the speed-up they give with the real pair's measured acceptance
+  costs="python3 benchmarks/spec_step_costs.py"
+  timeout 200 $costs --preset qwen2.5-coder-32b --draft-preset qwen2.5-coder-0.5b \
+    --acceptance docs/bench/spec_acceptance_draft_model.json --json "$OUT/spec_costs_32b_0.5b.json" 2>&1 | quiet
+  timeout 100 $costs --preset qwen2.5-coder-1.5b --draft-preset qwen2.5-coder-0.5b \
+    --acceptance docs/bench/spec_acceptance_draft_model.json --json "$OUT/spec_costs_1.5b_0.5b.json" 2>&1 | quiet
+  timeout 100 $costs --preset qwen2.5-coder-1.5b --verify-only --ks 0,1,2,3,4,5,7 \
+    --acceptance docs/bench/spec_acceptance_ngram_edit.json --json "$OUT/spec_costs_1.5b_ngram.json" 2>&1 | quiet
 fi
 if [[ $what == *" batch "* ]]; then
+  # the automatic choice of k against speculation off, random weights: n-gram on Qwen3-8B, the
+  # 0.5B drafting for the 1.5B (random drafts: nearly nothing accepted, so the policy must turn
+  # speculation off and cost no more than noise)
   for spec in none ngram; do
     cfg=(); [[ $spec == ngram ]] && cfg=(--speculative-config '{"method": "ngram", "num_speculative_tokens": 4}')
-    timeout 250 $bench --preset qwen3-8b --batch-size 1 8 32 64 --input-len 512 --output-len 256 \
-      "${cfg[@]}" --json "$OUT/spec_batch_$spec.json" 2>&1 | quiet
+    timeout 150 $bench --preset qwen3-8b --batch-size 1 8 32 64 --input-len 512 --output-len 256 \
+      "${cfg[@]}" --json "$OUT/spec_batch_8b_$spec.json" 2>&1 | quiet
+  done
+  draft=$(python3 -c "from hotpath.bench.presets import preset_dir; print(preset_dir('qwen2.5-coder-0.5b'))")
+  for spec in none draft; do
+    cfg=(); [[ $spec == draft ]] && cfg=(--speculative-config "{\"method\": \"draft_model\", \"model\": \"$draft\", \"num_speculative_tokens\": 4}")
+    timeout 120 $bench --preset qwen2.5-coder-1.5b --batch-size 1 8 32 64 --input-len 512 --output-len 256 \
+      "${cfg[@]}" --json "$OUT/spec_batch_1.5b_$spec.json" 2>&1 | quiet
   done
 fi

@@ -87,15 +87,27 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
     say(f"warm-up run: batch {batch_size}")
     _run_batch(engine, warm_up, min(ns.output_len, 8))
     say(f"timed run: batch {batch_size}, {ns.input_len} prompt tokens, {ns.output_len} output tokens")
+    spec = engine.spec_stats
+    before = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
     ttft, steps = _run_batch(engine, prompts, ns.output_len)
-    tpot = sum(steps) / len(steps) if steps else float("nan")
+    # every request emits output_len tokens; a step may emit several (speculative decoding)
+    tpot = sum(steps) / (ns.output_len - 1) if steps else float("nan")
+    per_step = (ns.output_len - 1) / len(steps) if steps else float("nan")
     model = engine.runner.model
     mean_ctx = ns.input_len + ns.output_len / 2
+    extra = {}
+    if engine.spec_config is not None:
+        drafts, drafted, accepted = (now - was for now, was in zip(
+            (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens), before))
+        extra = {"spec_verify_steps": drafts, "spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
+                 "spec_step_time_s": {f"bs{b}-k{k}": t for (b, k), t in sorted(engine.spec_policy.step_time.items())}}
     return {
         "batch_size": batch_size,
         "ttft_s": ttft,
         "tpot_s": tpot,
-        "tpot_median_s": sorted(steps)[len(steps) // 2] if steps else float("nan"),
+        "tpot_median_s": sorted(steps)[len(steps) // 2] / per_step if steps else float("nan"),
+        "tokens_per_step": per_step,
+        **extra,
         "output_tokens_per_s": batch_size / tpot,
         "weight_bytes_per_step": roofline.decode_weight_bytes(model, cfg, batch_size),
         # the KV cache read, and a hybrid's linear-attention state read and written

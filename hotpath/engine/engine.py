@@ -266,7 +266,6 @@ class Engine:
         overlaps the device's. Anything else runs synchronously, after draining
         the step in flight. A sequence that finishes in step N was launched once more in step N+1
         (its stop was not known yet): that token is discarded, never emitted."""
-        start = time.perf_counter()
         if self.spec_policy is not None:
             decoding = [s for s in self.scheduler.running if s.is_decoding]
             self._step_drafts = self.spec_policy.choose(decoding)
@@ -276,6 +275,7 @@ class Engine:
         if prev is not None and not self._continues(prev, sched.scheduled):
             self._collect(prev, touched)  # this step needs every token on the host first
             prev = None
+        start, captures = time.perf_counter(), self.runner.num_captures  # timed past that wait
         # sequences that finished as the drained step's tokens arrived need nothing more
         scheduled = [(seq, n) for seq, n in sched.scheduled if not seq.is_finished]
         timed = False
@@ -289,11 +289,12 @@ class Engine:
             launched = self._launch(scheduled, prev)
             if overlap:
                 self._in_flight = launched
+                timed = timed and prev is not None  # waited for one step, as pipelined steps do
             else:
                 self._collect(launched, touched)
         if prev is not None:
             self._collect(prev, touched)
-        if timed:  # the step's time, for the choice of k at this batch size
+        if timed and self.runner.num_captures == captures:  # the step's time, for the choice of k
             self.spec_policy.record_step(len(scheduled), self._step_drafts, time.perf_counter() - start)
         return self._outputs(touched)
 

@@ -5,8 +5,13 @@ a hybrid model's state slot) plus the block tables. They are built as one host l
 one copy into one int32 device buffer that every graph's input tensors are views of (offsets in
 int32 elements):
 
-    [ row sources 2n | block tables s x w | out slot 2 | context lens s | positions 2s | slots 2s |
+    [ row sources 2n | block tables s x w | out slot 2 | context lens s | positions 2sq | slots 2sq |
       state slots 2s | token ids ]   (token ids start at `ids_offset`)
+
+Rows are `query_len` (q) tokens each: 1 for decode graphs; 1 + k for a speculative step's graphs
+(a verify step's last token and k drafts; a draft model's catch-up over its last q tokens), whose
+rows with fewer tokens are padded to q at the positions after them, inside the blocks the
+scheduler reserved (their K/V and logits are never read).
 
 The state slots (ForwardBatch.state_slots: each row's slot in the linear-attention layers' state
 pools) are there only for hybrid models (`scratch_state_slot` given); otherwise that section is
@@ -58,8 +63,11 @@ def _pairs(values: list[int]) -> list[int]:
 class DecodeInputs:
     def __init__(
         self, max_rows: int, max_blocks: int, scratch_block: int, block_size: int, device: torch.device,
-        scratch_state_slot: int | None = None,
+        scratch_state_slot: int | None = None, query_len: int = 1,
     ) -> None:
+        assert query_len == 1 or scratch_state_slot is None, "multi-token rows of a hybrid run eagerly"
+        assert query_len <= block_size, "padding rows take their q tokens in the scratch block"
+        self.query_len = q = query_len
         self.scratch_block = scratch_block
         self.block_size = block_size
         # hybrid models: the state slot no sequence owns, which padding rows read and write
@@ -72,11 +80,11 @@ class DecodeInputs:
         self.pin = device.type == "cuda"
         # the widest step: every section at max_rows, each padded to an even length
         self.ids_offset = (2 * max_rows + _even(max_rows * max_blocks) + 2 + _even(max_rows)
-                           + (4 + self._state_width) * max_rows)
-        self.buffer = torch.zeros(self.ids_offset + 2 * max_rows, dtype=torch.int32, device=device)
-        # [max_rows] int64: the graphs' input token ids, and where they write their greedy tokens
+                           + 4 * q * max_rows + self._state_width * max_rows)
+        self.buffer = torch.zeros(self.ids_offset + 2 * q * max_rows, dtype=torch.int32, device=device)
+        # [max_rows * q] int64: the graphs' input token ids, and where they write their greedy tokens
         self.token_ids = self.buffer[self.ids_offset :].view(torch.int64)
-        self.logprobs = torch.zeros(max_rows, dtype=torch.float32, device=device)  # greedy logprobs
+        self.logprobs = torch.zeros(max_rows * q, dtype=torch.float32, device=device)  # greedy logprobs
         # [OUT_SLOTS + 1, max_rows] each, in host memory the graphs write (see the module doc);
         # the last row takes the tokens of steps nobody reads from here
         # (else they are copied: ROCm's pinned memory is device-accessible too, but untested there)
@@ -88,22 +96,24 @@ class DecodeInputs:
         # [max_rows, max_blocks]: rows are as wide as the longest context, so a step's block tables
         # ([n, w], w = its longest table) are sent compact and copied into place on the device
         self.block_tables = torch.full((max_rows, max_blocks), scratch_block, dtype=torch.int32, device=device)
-        self.cu_query_lens = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
-        self.logits_indices = torch.arange(max_rows, dtype=torch.int64, device=device)
+        self.cu_query_lens = torch.arange(0, (max_rows + 1) * q, q, dtype=torch.int32, device=device)
+        self.logits_indices = torch.arange(max_rows * q, dtype=torch.int64, device=device)
         self._sent_tables: list[list[int]] = []  # the block table rows as last sent
 
     # ---- the views a graph of `size` rows captures -------------------------------------------
     def _offsets(self, size: int) -> tuple[int, int, int, int]:
         """(context lens, positions, slots, state slots) offsets for a graph of `size` rows; the
         out slot is the two int32 before the context lens."""
+        n = size * self.query_len  # tokens
         state_slots = self.ids_offset - self._state_width * size
-        slots = state_slots - 2 * size
-        positions = slots - 2 * size
+        slots = state_slots - 2 * n
+        positions = slots - 2 * n
         return positions - _even(size), positions, slots, state_slots
 
     def views(self, size: int, max_context_len: int) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:
-        """(token ids, positions, batch) of a decode graph of `size` rows."""
+        """(token ids, positions, batch) of a graph of `size` rows."""
         ctx, pos, slots, state = self._offsets(size)
+        n = size * self.query_len
         state_slots = None
         if self.scratch_state_slot is not None:
             state_slots = self.buffer[state : state + 2 * size].view(torch.int64)
@@ -111,17 +121,18 @@ class DecodeInputs:
             cu_query_lens=self.cu_query_lens[: size + 1],
             context_lens=self.buffer[ctx : ctx + size],
             block_tables=self.block_tables[:size],
-            slot_mapping=self.buffer[slots : slots + 2 * size].view(torch.int64),
-            logits_indices=self.logits_indices[:size],
-            max_query_len=1,
+            slot_mapping=self.buffer[slots : slots + 2 * n].view(torch.int64),
+            logits_indices=self.logits_indices[:n],
+            max_query_len=self.query_len,
             max_context_len=max_context_len,
             state_slots=state_slots,  # no state_saves: the runner saves a decode step's snapshots after it
         )
-        return self.token_ids[:size], self.buffer[pos : pos + 2 * size].view(torch.int64), batch
+        return self.token_ids[:n], self.buffer[pos : pos + 2 * n].view(torch.int64), batch
 
     def host_out(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a graph of `size` rows writes its greedy tokens to on the host: (out slot [1]
         int32 on the device, token ids [OUT_SLOTS + 1, size], logprobs [OUT_SLOTS + 1, size])."""
+        assert self.query_len == 1
         ctx = self._offsets(size)[0]
         return self.buffer[ctx - 2 : ctx - 1], self.host_token_ids[:, :size], self.host_logprobs[:, :size]
 
@@ -141,12 +152,15 @@ class DecodeInputs:
         size: int,
         prev: tuple[torch.Tensor, list[int]] | None = None,
         slot: int | None = None,
+        rows: list[tuple[int, list[int]]] | None = None,
     ) -> None:
         """Writes a decode step's inputs for a graph of `size` rows: row i decodes seqs[i] (the
         token at its position num_computed_tokens); rows past len(seqs) are padding that attends
-        to one token of the scratch block and writes its K/V there (and, in a hybrid model, starts
+        to q tokens of the scratch block and writes its K/V there (and, in a hybrid model, starts
         the scratch state slot from zero states, a first token's context of 1). The graph writes its greedy
-        tokens to ring row `slot` on the host (None: to the row nobody reads).
+        tokens to ring row `slot` on the host (None: to the row nobody reads). `rows` gives each
+        sequence's (first position, tokens) instead: up to q tokens (padded to q), or with `prev`
+        one token whose id comes from there.
 
         With `prev` = (sampled ids on the device, source rows), row i's token is sampled_ids[
         source_rows[i]] instead of one from the host (async scheduling: the host has not seen it
@@ -160,8 +174,8 @@ class DecodeInputs:
         tables_at = len(head)
         tables, width = self._changed_tables(seqs, size)
         head += tables
-        tail = [OUT_SLOTS if slot is None else slot, 0] + self._row_inputs(seqs, size, with_ids=prev is None)
-        end = self.ids_offset + (2 * size if prev is None else 0)
+        tail = [OUT_SLOTS if slot is None else slot, 0] + self._row_inputs(seqs, size, prev is None, rows)
+        end = self.ids_offset + (2 * size * self.query_len if prev is None else 0)
         start = end - len(head) - len(tail)
         host = torch.tensor(head + tail, dtype=torch.int32, pin_memory=self.pin)
         self.buffer[start:end].copy_(host, non_blocking=True)
@@ -185,17 +199,25 @@ class DecodeInputs:
         flat = [b for t in tables for b in t + [self.scratch_block] * (width - len(t))]
         return flat + [0] * (len(flat) & 1), width
 
-    def _row_inputs(self, seqs: list[Sequence], size: int, with_ids: bool) -> list[int]:
-        """Context lengths, positions, slots, state slots (and token ids) of `size` rows, laid out
-        as a graph of that size reads them."""
-        bs = self.block_size
+    def _row_inputs(self, seqs: list[Sequence], size: int, with_ids: bool,
+                    rows: list[tuple[int, list[int]]] | None) -> list[int]:
+        """Context lengths, positions, slots, state slots (and token ids) of `size` rows of q
+        tokens, laid out as a graph of that size reads them."""
+        bs, q = self.block_size, self.query_len
         pad = size - len(seqs)
-        positions = [seq.num_computed_tokens for seq in seqs]
-        ctx = [p + 1 for p in positions] + [1] * pad + [0] * (size & 1)
-        slots = [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)]
-        rows = ctx + _pairs(positions + [0] * pad) + _pairs(slots + [self.scratch_block * bs] * pad)
+        if rows is None:
+            rows = [(seq.num_computed_tokens, [seq.token_at(seq.num_computed_tokens)] if with_ids else [])
+                    for seq in seqs]
+        firsts = [first for first, _ in rows]
+        ctx = [p + q for p in firsts] + [q] * pad + [0] * (size & 1)
+        positions = [p for first in firsts for p in range(first, first + q)] + list(range(q)) * pad
+        slots = [seq.block_table[p // bs] * bs + p % bs for seq, first in zip(seqs, firsts)
+                 for p in range(first, first + q)]
+        slots += [self.scratch_block * bs + j for j in range(q)] * pad
+        out = ctx + _pairs(positions) + _pairs(slots)
         if self.scratch_state_slot is not None:
-            rows += _pairs([seq.state_slot for seq in seqs] + [self.scratch_state_slot] * pad)
+            out += _pairs([seq.state_slot for seq in seqs] + [self.scratch_state_slot] * pad)
         if with_ids:
-            rows += _pairs([seq.token_at(p) for seq, p in zip(seqs, positions)] + [0] * pad)
-        return rows
+            out += _pairs([t for _, tokens in rows for t in tokens + tokens[-1:] * (q - len(tokens))]
+                          + [0] * (q * pad))
+        return out

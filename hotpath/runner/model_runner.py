@@ -23,12 +23,12 @@ from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.sequence import Sequence
 from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
 from hotpath.loader.model_loader import load_model
-from hotpath.ops.attention import DECODE_MAX_QUERY_LEN, decode_splits
+from hotpath.ops.attention import DECODE_MAX_QUERY_LEN
 from hotpath.ops.backend import use_triton
 from hotpath.ops.quant import fp8_dtype
-from hotpath.ops.sampling import greedy_sample
 from hotpath.runner.decode_inputs import DecodeInputs
 from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.runner.row_graphs import GRAPH_BATCH_SIZES, RowGraphs, context_buckets, graph_forward
 from hotpath.runner.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ class ModelRunner:
         # tensors of its own, sized and allocated with the target's (engine/spec/drafters.py)
         self.draft_model = None if draft is None else load_model(
             draft[0], draft[1], load_format, device, dtype, engine_config.max_model_len, seed + 1)
+        self.draft_config = None if draft is None else draft[0]
         self.block_size = engine_config.block_size
         # K and V in the model dtype, or in fp8 (half bf16's bytes a token: twice the blocks fit)
         self.kv_cache_dtype = fp8_dtype(device) if engine_config.kv_cache_dtype == "fp8" else dtype
@@ -192,6 +193,9 @@ class ModelRunner:
         self.graphs: dict[int, tuple[Replayable, torch.Tensor]] = {}  # batch size -> (graph, logits)
         # batch size -> [(longest context, graph, logits)], ascending: graphs for short contexts
         self.short_graphs: dict[int, list[tuple[int, Replayable, torch.Tensor]]] = {}
+        # speculative steps' graphs, captured on first use: (draft model?, q) -> RowGraphs
+        self.row_graphs: dict[tuple[bool, int], RowGraphs] = {}
+        self._capture: Capture | None = None  # how graphs are recorded; None: every step eager
         # the reference ops read lengths on the host, which a graph capture cannot hold (hybrids
         # too: their decode steps run the linear-attention layers' Triton kernels, no host sync)
         if device.type == "cuda" and not enforce_eager and use_triton(torch.empty(0, device=device)):
@@ -485,6 +489,8 @@ class ModelRunner:
         token lists that lack the pending tokens."""
         if self._verify_rows:  # the last verify step's records, rolled back by now (or finished)
             self._free_verify_records()
+        if any(seq.draft_token_ids for seq, _ in scheduled) and (verify := self._verify_in_graph(scheduled)):
+            return verify
         graph_size = self._graph_size(scheduled)
         if graph_size:
             sampling = [seq for seq, _ in scheduled]
@@ -548,6 +554,62 @@ class ModelRunner:
             tokens[seq.seq_id] = [SampledToken(t, lp, tops[j][:n] if tops else [])
                                   for j, (t, lp) in enumerate(zip(verified.token_ids[i], verified.logprobs[i]))]
         return LaunchedStep(scheduled, sampling, None, [], None, verified=tokens)
+
+    def _verify_in_graph(self, scheduled: list[tuple[Sequence, int]]) -> LaunchedStep | None:
+        """A verify step as a graph of rows of q = 1 + (most drafts) tokens, when every row is a
+        decode or verify row (its last token, on the host, and its drafts) whose blocks hold q
+        tokens (rows with fewer drafts pad); None to run it eagerly. Plain greedy rows take the
+        graph's argmax as the target's tokens (accepted while they equal the drafts), the rest go
+        through the rejection sampler on the graph's logits."""
+        q = max(n for _, n in scheduled)
+        room = self.block_size
+        if q > DECODE_MAX_QUERY_LEN or any(
+            n != 1 + len(seq.draft_token_ids) or seq.num_computed_tokens + 1 != seq.num_known_tokens
+            or seq.num_pending_tokens or seq.num_computed_tokens + q > len(seq.block_table) * room
+            for seq, n in scheduled
+        ):
+            return None
+        graphs = self.spec_graphs(draft=False, query_len=q)
+        if graphs is None or len(scheduled) > graphs.max_rows:
+            return None
+        seqs = [seq for seq, _ in scheduled]
+        rows = [(seq.num_computed_tokens, [seq.token_at(seq.num_computed_tokens)] + seq.draft_token_ids)
+                for seq in seqs]
+        logits, ids, logprobs = graphs.run(seqs, rows)  # [n * q, vocab], [n * q], [n * q]
+        if not all(is_plain_greedy(seq) for seq in seqs):
+            index = [i * q + j for i, (_, tokens) in enumerate(rows) for j in range(len(tokens))]
+            return self._verify(scheduled, seqs, logits[torch.tensor(index).to(self.device, non_blocking=True)])
+        ids, logprobs = ids.tolist(), logprobs.tolist()  # the step's one host synchronisation
+        tokens = {}
+        for i, seq in enumerate(seqs):
+            drafts = seq.draft_token_ids
+            target = ids[i * q : i * q + 1 + len(drafts)]  # the target's token after each input
+            kept = next((j for j, d in enumerate(drafts) if d != target[j]), len(drafts)) + 1
+            tokens[seq.seq_id] = [SampledToken(t, lp, []) for t, lp in zip(target[:kept], logprobs[i * q :])]
+        return LaunchedStep(scheduled, seqs, None, [], None, verified=tokens)
+
+    def spec_graphs(self, draft: bool, query_len: int) -> RowGraphs | None:
+        """The graphs of the target's (or the draft model's) forwards over rows of `query_len`
+        tokens (runner/row_graphs.py); None where those steps run eagerly: no graphs (the CPU,
+        enforce_eager), or a model with linear-attention layers (its verify rows record their
+        states for the rollback; a hybrid draft drafts on a copy of its slot)."""
+        if self._capture is None or (draft and self.draft_model is None) or (
+                self.draft_state_layers if draft else self.state_layers):
+            return None
+        key = (draft, query_len)
+        if key not in self.row_graphs:
+            ec = self.engine_config
+            cfg = self.draft_config if draft else self.model_config
+            self.row_graphs[key] = RowGraphs(
+                self.draft_model if draft else self.model, query_len, min(ec.max_num_seqs, 256),
+                -(-ec.max_model_len // self.block_size), self.scratch_block, self.block_size, self.device,
+                ec.max_model_len, cfg.num_key_value_heads, SHORT_CONTEXT_GRAPHS, self._capture)
+        return self.row_graphs[key]
+
+    @property
+    def num_captures(self) -> int:
+        """Graphs captured so far on first use (a step that captured one took longer than its kind)."""
+        return sum(g.num_captures for g in self.row_graphs.values())
 
     def _launched(
         self,
@@ -626,7 +688,7 @@ class ModelRunner:
         path on the CPU)."""
         ec = self.engine_config
         max_bs = min(ec.max_num_seqs, 256)
-        sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if b <= max_bs} | {max_bs})
+        sizes = sorted({b for b in GRAPH_BATCH_SIZES if b <= max_bs} | {max_bs})
         max_blocks = -(-ec.max_model_len // self.block_size)
         self.decode_inputs = DecodeInputs(max_bs, max_blocks, self.scratch_block, self.block_size, self.device,
                                           self.scratch_state_slot)
@@ -636,6 +698,7 @@ class ModelRunner:
 
             def capture(forward: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
                 return _capture_cuda_graph(forward, pool)
+        self._capture = capture
         max_len, kv_heads = ec.max_model_len, self.model_config.num_key_value_heads
         for bs in reversed(sizes):  # largest first, so smaller graphs reuse its memory pool
             carveout = contextlib.nullcontext() if stand_in else self._decode_carveout(bs)
@@ -644,11 +707,11 @@ class ModelRunner:
                 # scratch block, the scratch state slot), never the buffer's zeros (a context of
                 # 0 keys puts a query at position -1, and its cos/sin load one row before the table)
                 self.decode_inputs.fill([], bs)
-                self.graphs[bs] = capture(self._decode_forward(bs, max_len))
-                splits = decode_splits(bs, kv_heads, max_len, self.device)
+                host_out = self.decode_inputs.host_out(bs) if self.decode_inputs.mapped else None
+                self.graphs[bs] = capture(graph_forward(self.model, self.decode_inputs, bs, max_len, host_out))
                 self.short_graphs[bs] = [
-                    (ctx, *capture(self._decode_forward(bs, ctx))) for ctx in SHORT_CONTEXT_GRAPHS
-                    if ctx < max_len and 2 * decode_splits(bs, kv_heads, ctx, self.device) <= splits]
+                    (ctx, *capture(graph_forward(self.model, self.decode_inputs, bs, ctx, host_out)))
+                    for ctx in context_buckets(bs, kv_heads, max_len, SHORT_CONTEXT_GRAPHS, self.device)[:-1]]
         self.graphs = dict(sorted(self.graphs.items()))  # ascending, for _graph_size
 
     def _decode_carveout(self, bs: int) -> contextlib.AbstractContextManager:
@@ -663,23 +726,6 @@ class ModelRunner:
         # the int4 GEMV stages its tiles through shared memory, and at 10% an SM held one of its
         # programs (Qwen2.5-Coder-32B AWQ: 48.3 ms a step against 31.7 ms of kernels, run T)
         return shared_memory_carveout(10, {"_int4_gemv_kernel": -1})
-
-    def _decode_forward(self, bs: int, max_context_len: int) -> Callable[[], torch.Tensor]:
-        """The forward a graph of `bs` rows records: model, LM head and greedy sampling, all on
-        views of the static buffers, for contexts up to `max_context_len`."""
-        inputs = self.decode_inputs
-        # kernels size their grids from max_context_len: every replay's contexts stay within it
-        input_ids, positions, batch = inputs.views(bs, max_context_len)
-
-        host_out = inputs.host_out(bs) if inputs.mapped else None
-
-        def forward() -> torch.Tensor:
-            hidden = self.model(input_ids, positions, batch)
-            logits = self.model.compute_logits(hidden)  # [bs, vocab]
-            greedy_sample(logits, out=(inputs.token_ids[:bs], inputs.logprobs[:bs]), host_out=host_out)
-            return logits
-
-        return forward
 
     def _run_decode_graph(
         self, scheduled: list[tuple[Sequence, int]], size: int, prev: LaunchedStep | None, slot: int | None

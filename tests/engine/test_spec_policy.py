@@ -14,10 +14,16 @@ def seqs(n: int) -> list[Sequence]:
     return [Sequence(i, "r", 0, [1, 2], SamplingParams(temperature=0), 16, set()) for i in range(n)]
 
 
+def timed(policy: DraftLengthPolicy, batch_size: int, k: int, seconds: float) -> None:
+    """Steps of one kind: the first (a warm-up) is dropped, the second kept."""
+    policy.record_step(batch_size, k, 10 * seconds)
+    policy.record_step(batch_size, k, seconds)
+
+
 def measured(step_time: dict[int, float], acceptance: float, batch: list[Sequence]) -> DraftLengthPolicy:
     policy = DraftLengthPolicy(K)
     for k, t in step_time.items():
-        policy.record_step(len(batch), k, t)
+        timed(policy, len(batch), k, t)
     for s in batch:
         for _ in range(20):
             accepted = K if acceptance == 1 else 0
@@ -29,9 +35,12 @@ def test_explores_both_ends_first():
     batch = seqs(3)
     policy = DraftLengthPolicy(K)
     assert policy.choose(batch) == K  # nothing measured: speculate, and time it
+    policy.record_step(3, K, 5.0)  # the first step of a kind warms up: not kept
+    assert policy.choose(batch) == K and not policy.step_time
     policy.record_step(3, K, 0.02)
     assert policy.choose(batch) == 0  # then a plain step, to compare
-    policy.record_step(3, 0, 0.01)
+    timed(policy, 3, 0, 0.01)
+    assert policy.step_time == {(4, K): 0.02, (4, 0): 0.01}
     assert policy.choose(batch) in range(K + 1)
 
 
@@ -54,8 +63,8 @@ def test_batch_sizes_are_measured_apart():
     policy = measured({0: 0.010, K: 0.011}, acceptance=1, batch=small)
     assert policy.choose(small) == K
     assert policy.choose(large) == K  # unmeasured at 64: explores
-    policy.record_step(64, K, 0.080)
-    policy.record_step(64, 0, 0.020)
+    timed(policy, 64, K, 0.080)
+    timed(policy, 64, 0, 0.020)
     for s in large:
         for _ in range(20):
             policy.record_acceptance(s, K, 1)  # one of four accepted: a = 0.5

@@ -235,7 +235,7 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
     cfg, kv_heads = model.config, model.config.num_key_value_heads
     max_len = cfg.max_position_embeddings  # the engine's default max_model_len
     k_cache, v_cache = model.cache_layers()[0].caches()
-    # the decode graphs (ModelRunner._capture_decode_graphs and _decode_forward): model, LM head
+    # the decode graphs (ModelRunner._capture_decode_graphs and row_graphs.graph_forward): model, LM head
     # and greedy sampling on views of the static input buffer, for contexts up to max_model_len
     # and, for batches where that at least halves the splits, up to a shorter one; the tokens go
     # to mapped host memory on CUDA only (runner/decode_inputs.DecodeInputs.mapped)

@@ -6,28 +6,13 @@ import pytest
 import torch
 
 from hotpath import LLM, SamplingParams
-from hotpath.runner import model_runner
+from hotpath.runner import model_runner, row_graphs
 from hotpath.runner.decode_inputs import OUT_SLOTS
 
-from output_diff import first_difference  # tests/, on sys.path through conftest.py
+from eager_graphs import eager_capture  # tests/, on sys.path through conftest.py
+from output_diff import first_difference
 
 MODEL = "qwen3-gqa8-untied-hd"
-
-
-class EagerReplay:
-    """A CUDA graph stand-in: replay() reruns the forward, writing into the captured outputs."""
-
-    def __init__(self, forward):
-        self.forward = forward
-        self.logits = forward()
-
-    def replay(self) -> None:
-        self.logits.copy_(self.forward())
-
-
-def eager_capture(forward):
-    graph = EagerReplay(forward)
-    return graph, graph.logits
 
 
 def make_llm(path, graphs: bool, **kwargs) -> LLM:
@@ -89,7 +74,7 @@ def test_short_context_graphs(prompts, monkeypatch):
     want = [generate(eager, b, PLAIN) for b in batches]
     monkeypatch.setattr(model_runner, "SHORT_CONTEXT_GRAPHS", (32, 48))
     # as if the attention split contexts into 16-token pieces: 2 and 3 splits against 16
-    monkeypatch.setattr(model_runner, "decode_splits", lambda seqs, heads, ctx, device: -(-ctx // 16))
+    monkeypatch.setattr(row_graphs, "decode_splits", lambda seqs, heads, ctx, device: -(-ctx // 16))
     llm = make_llm(path, graphs=True)
     runner = llm.engine.runner
     limits = [32, 48, 256]

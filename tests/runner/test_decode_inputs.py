@@ -137,3 +137,27 @@ def test_state_slots_of_a_hybrid_model():
     dense.fill([a, b], 2)
     assert dense.views(2, max_context_len=64)[2].state_slots is None
     assert dense.ids_offset == inputs.ids_offset - 2 * 8  # the section takes room only in a hybrid's
+
+
+def test_rows_of_several_tokens():
+    """Rows of q tokens (speculative steps' graphs): each row's q positions, slots through its
+    block table and tokens (a shorter row padded with its last token), contexts ending at the
+    row's last position; padding rows take q tokens of the scratch block."""
+    q = 3
+    inputs = DecodeInputs(max_rows=4, max_blocks=6, scratch_block=SCRATCH, block_size=BLOCK,
+                          device=torch.device("cpu"), query_len=q)
+    a = seq(0, [5, 6, 7], [8, 9], [3, 4])
+    b = seq(1, list(range(10, 21)), [], [0, 1, 2, 5])  # blocks for its padding too
+    rows = [(4, [9, 30, 31]), (10, [20])]  # a verifies two drafts; b none (padded)
+    inputs.fill([a, b], 4, rows=rows)
+    ids, positions, batch = inputs.views(4, max_context_len=64)
+    assert ids.tolist() == [9, 30, 31, 20, 20, 20] + [0] * 6
+    assert positions.tolist() == [4, 5, 6, 10, 11, 12] + [0, 1, 2] * 2
+    assert batch.context_lens.tolist() == [7, 13, q, q]
+    table = {0: a.block_table, 1: b.block_table}
+    want_slots = [table[i][p // BLOCK] * BLOCK + p % BLOCK for i, first in ((0, 4), (1, 10))
+                  for p in range(first, first + q)]
+    assert batch.slot_mapping.tolist() == want_slots + [SCRATCH * BLOCK + j for j in range(q)] * 2
+    assert batch.cu_query_lens.tolist() == [0, 3, 6, 9, 12]
+    assert batch.max_query_len == q and batch.logits_indices.tolist() == list(range(12))
+    assert batch.block_tables[0, :2].tolist() == a.block_table and batch.block_tables[2, 0] == SCRATCH

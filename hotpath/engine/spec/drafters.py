@@ -16,7 +16,8 @@ import torch
 from hotpath.engine.sequence import Sequence
 from hotpath.engine.spec.config import SpeculativeConfig
 from hotpath.engine.spec.ngram import ngram_propose
-from hotpath.runner.model_runner import ModelRunner, Row
+from hotpath.ops.attention import DECODE_MAX_QUERY_LEN
+from hotpath.runner.model_runner import ModelRunner, Row, is_plain_greedy
 from hotpath.runner.sampler import probabilities, process_logits
 
 
@@ -45,7 +46,11 @@ class DraftModelDrafter:
     so the target's block bookkeeping (allocation, rollback, preemption) covers it. Each step it
     first catches up on the sequence's tokens it has not seen (a whole prompt after a prefill,
     else the last step's accepted tokens), chunked by the token budget, which gives its first
-    draft; then it runs one token at a time for the rest."""
+    draft; then it runs one token at a time for the rest. Where graphs are captured and every
+    sequence drafts greedily (plain greedy, as many drafts each), the catch-up is a graph over each
+    sequence's last k + 1 tokens (recomputing the K/V of those it had seen, the same values) when
+    it is at most that far behind, and the one-token steps are graphs whose inputs are the last
+    step's argmax on the device: the drafts reach the host once, at the end."""
 
     def __init__(self, runner: ModelRunner, max_tokens_per_forward: int) -> None:
         assert runner.draft_model is not None
@@ -62,7 +67,60 @@ class DraftModelDrafter:
             seq.draft_token_ids, seq.draft_probs = [], None
         probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq in seqs}
         self.caught_up = max((seq.num_tokens - seq.num_draft_computed for seq in seqs), default=0)
-        # catch up, in forwards of at most max_tokens tokens; a row's logits once it is caught up
+        k = max(slots, default=0)
+        if min(slots, default=0) == k > 0 and all(is_plain_greedy(seq) for seq in seqs) and self._in_graphs(seqs, k):
+            return
+        self._catch_up(seqs, probs)
+        # then one token at a time
+        for i in range(1, k):
+            rows = [Row(seq, seq.num_tokens + i - 1, seq.draft_token_ids[-1:], 1)
+                    for seq, n in zip(seqs, slots) if n > i]
+            self._step(rows, probs)
+        for seq in seqs:
+            if probs[seq.seq_id] and not seq.params.greedy:
+                seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
+
+    def _in_graphs(self, seqs: list[Sequence], k: int) -> bool:
+        """k greedy drafts for each sequence through graphs (see the class doc); False, having
+        done nothing, where a step is too big for them or there are none."""
+        q = k + 1
+        if q > DECODE_MAX_QUERY_LEN:  # longer rows take the prefill kernel, outside graphs
+            return False
+        catch_up = self.runner.spec_graphs(draft=True, query_len=q)
+        one = self.runner.spec_graphs(draft=True, query_len=1)
+        if catch_up is None or len(seqs) > catch_up.max_rows:
+            return False
+        n = len(seqs)
+        drafts = torch.empty((n, k), dtype=torch.int64, device=self.runner.device)
+        if self.caught_up <= q and all(seq.num_tokens >= q for seq in seqs):
+            top = self.draft_vocab_size - 1  # the target's extra ids, unknown to the draft
+            rows = [(seq.num_tokens - q, [min(t, top) for t in seq.all_token_ids[-q:]]) for seq in seqs]
+            _, ids, _ = catch_up.run(seqs, rows)  # [n * q]: the argmax after each token
+            last = [i * q + q - 1 for i in range(n)]
+            drafts[:, 0] = ids.view(n, q)[:, -1]
+            prev = (ids, last)
+        else:  # far behind (after a prefill or steps without drafts): eagerly, as without graphs
+            self._catch_up(seqs, {seq.seq_id: [] for seq in seqs})
+            drafts[:, 0] = torch.tensor([seq.draft_token_ids[0] for seq in seqs])
+            prev = None
+        for seq in seqs:
+            seq.num_draft_computed = seq.num_tokens
+        for i in range(1, k):
+            if prev is None:
+                rows = [(seq.num_tokens, [seq.draft_token_ids[0]]) for seq in seqs]
+            else:
+                rows = [(seq.num_tokens + i - 1, []) for seq in seqs]
+            _, ids, _ = one.run(seqs, rows, prev)  # [n]
+            drafts[:, i] = ids
+            prev = (ids, list(range(n)))  # in place: the graph wrote its argmax over its inputs
+        top = self.vocab_size - 1  # a draft vocabulary wider than the target's
+        for seq, row in zip(seqs, drafts.tolist()):  # the drafts' one host synchronisation
+            seq.draft_token_ids = [min(t, top) for t in row]
+        return True
+
+    def _catch_up(self, seqs: list[Sequence], probs: dict[int, list[torch.Tensor]]) -> None:
+        """Runs each sequence through the tokens it has not seen, in forwards of at most
+        max_tokens tokens, and takes its first draft from the last."""
         todo = list(seqs)
         while todo:
             budget, rows = self.max_tokens, []
@@ -77,14 +135,6 @@ class DraftModelDrafter:
             for row in rows:
                 row.seq.num_draft_computed += len(row.tokens)
             todo = [seq for seq in todo if seq.num_draft_computed < seq.num_tokens]
-        # then one token at a time
-        for i in range(1, max(slots)):
-            rows = [Row(seq, seq.num_tokens + i - 1, seq.draft_token_ids[-1:], 1)
-                    for seq, k in zip(seqs, slots) if k > i]
-            self._step(rows, probs)
-        for seq in seqs:
-            if probs[seq.seq_id] and not seq.params.greedy:
-                seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
 
     def _step(self, rows: list[Row], probs: dict[int, list[torch.Tensor]]) -> None:
         """One forward of the draft model over `rows`; each row with logits gets its next draft."""

@@ -7,7 +7,9 @@ k drafts takes T(B, k), measured: the engine times its decode steps (pure decode
 chunk) and keeps a running mean per (batch-size bucket, k). The step takes the k in 0..K that
 maximises sum(E_s(k)) / T(B, k). T(B, k) not measured yet is interpolated linearly between the
 measured k nearest below and above (verify and draft work grow about linearly in k), and where
-only one side is known the step explores: k = K until T(B, K) is measured, then k = 0. When
+only one side is known the step explores: k = K until T(B, K) is measured, then k = 0. The first
+step timed of each (bucket, k) is dropped (it compiles kernels, allocates; the engine also drops
+steps that captured a graph). When
 k = 0 wins, acceptance is no longer observed, so every EXPLORE_EVERY-th decode step at that
 bucket verifies K drafts again, to see whether it has come to pay (outputs are exact either
 way: only the speed changes).
@@ -34,6 +36,7 @@ class DraftLengthPolicy:
         self.step_time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds, running mean
         self.acceptance: dict[int, float] = {}  # seq_id -> running mean acceptance of a draft
         self.steps_off: dict[int, int] = {}  # bucket -> decode steps since speculation last ran
+        self.first_seen: set[tuple[int, int]] = set()  # (bucket, k) timed once (that step is not kept)
 
     def choose(self, seqs: list[Sequence]) -> int:
         """The number of drafts this step's decoding sequences verify."""
@@ -69,6 +72,9 @@ class DraftLengthPolicy:
     def record_step(self, batch_size: int, k: int, seconds: float) -> None:
         """A pure decode step of batch_size sequences that verified up to k drafts each."""
         key = (bucket(batch_size), k)
+        if key not in self.first_seen:  # a first step of its kind warms up (compiles, allocates)
+            self.first_seen.add(key)
+            return
         old = self.step_time.get(key)
         self.step_time[key] = seconds if old is None else old + EMA * (seconds - old)
 

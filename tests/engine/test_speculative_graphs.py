@@ -1,0 +1,72 @@
+"""Speculative steps in graphs (runner/row_graphs.py), run on the CPU: a stand-in replays each
+captured forward eagerly, so everything but the CUDA graph itself is the code a GPU runs. Verify
+steps (rows of 1 + k tokens, rows with fewer drafts padded), the draft model's catch-up over its
+last k + 1 tokens and its one-token steps fed from the last step's argmax on the device: greedy
+output equals the plain engine's, token for token, with the graphs checked to have run."""
+
+import pytest
+from eager_graphs import eager_capture
+from test_speculative import drafters, make_setup
+
+from hotpath import LLM, SamplingParams
+
+# rows near their max_tokens have fewer draft slots than the others: they ride along, padded
+PARAMS = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (32, 19, 32, 23, 32, 17)]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_factory, tmp_path_factory):
+    return make_setup("qwen2-gqa4-tied", tiny_model_factory, tmp_path_factory)
+
+
+def generate(path, prompts, params, graphs: bool, **kwargs):
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
+              max_num_seqs=8, **kwargs)
+    runner = llm.engine.runner
+    if graphs:
+        runner._capture_decode_graphs(capture=eager_capture)
+    replays = []  # (draft model?, q, rows' token counts) of each replay
+    for key in [(False, q) for q in range(2, 9)] + [(True, q) for q in range(1, 9)]:
+        g = runner.spec_graphs(*key)
+        if g is not None:
+            run = g.run
+            g.run = (lambda run, key: lambda seqs, rows, prev=None: (
+                replays.append((*key, [len(t) for _, t in rows])) or run(seqs, rows, prev)))(run, key)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], replays, llm
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_graph_steps_equal_plain(setup, method):
+    path, draft, prompts = setup
+    want, _, _ = generate(path, prompts, PARAMS, graphs=False)
+    spec = drafters(draft)[method]
+    got, replays, llm = generate(path, prompts, PARAMS, graphs=True, speculative_config=spec)
+    assert got == want
+    k = spec["num_speculative_tokens"]
+    verify = [r for r in replays if not r[0]]
+    # q: 1 + the step's most drafts
+    assert verify and all(q <= k + 1 and max(lens) == q for _, q, lens in verify)
+    if method == "draft_model":
+        assert any(min(lens) < q for _, q, lens in verify), verify  # padded rows
+        assert any(r[:2] == (True, k + 1) for r in replays)  # catch-up in a graph
+        assert sum(r[:2] == (True, 1) for r in replays) >= k - 1  # one-token draft steps
+        # the same drafts as the eager drafter's (its inputs are the last step's argmax on the
+        # device): the same acceptance at every position
+        _, _, eager = generate(path, prompts, PARAMS, graphs=False, speculative_config=spec)
+        assert llm.engine.spec_stats.accepted_per_pos == eager.engine.spec_stats.accepted_per_pos
+    assert llm.engine.runner.num_captures > 0
+    assert llm.engine.spec_stats.num_accepted_tokens > 0
+
+
+def test_rows_outside_plain_greedy_verify_on_the_graphs_logits(setup):
+    """Greedy rows that ask for top logprobs or a penalty are not plain: the rejection sampler
+    verifies them on the graph's logits, and their outputs still equal the plain engine's."""
+    path, draft, prompts = setup
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.2)]
+    for p in params:
+        want, _, _ = generate(path, prompts[:3], p, graphs=False)
+        got, replays, _ = generate(path, prompts[:3], p, graphs=True, speculative_config=drafters(draft)["ngram"])
+        assert got == want
+        assert any(not r[0] for r in replays)
