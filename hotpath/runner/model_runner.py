@@ -82,6 +82,10 @@ class Replayable(Protocol):
 # that holds its longest context.
 SHORT_CONTEXT_GRAPHS = (1024, 2048)
 
+# the most rows a speculative step runs as a graph (a verify graph's logits buffer takes rows x
+# (1 + K) x vocab fp32); bigger batches verify eagerly, where speculation seldom pays anyway
+SPEC_GRAPH_MAX_ROWS = 64
+
 # records a decode forward once: (something to replay it with, its logits output tensor)
 Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replayable, torch.Tensor]]
 
@@ -137,6 +141,7 @@ class ModelRunner:
         seed: int = 0,
         enforce_eager: bool = False,
         draft: tuple[ModelConfig, Path] | None = None,
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.model_config = model_config
         self.engine_config = engine_config
@@ -150,6 +155,7 @@ class ModelRunner:
         self.draft_model = None if draft is None else load_model(
             draft[0], draft[1], load_format, device, dtype, engine_config.max_model_len, seed + 1)
         self.draft_config = None if draft is None else draft[0]
+        self.num_speculative_tokens = num_speculative_tokens  # K: verify graphs take rows of 1 + K
         self.block_size = engine_config.block_size
         # K and V in the model dtype, or in fp8 (half bf16's bytes a token: twice the blocks fit)
         self.kv_cache_dtype = fp8_dtype(device) if engine_config.kv_cache_dtype == "fp8" else dtype
@@ -251,7 +257,9 @@ class ModelRunner:
         cfg, ec = self.model_config, self.engine_config
         per_token = (4 * cfg.hidden_size + cfg.activation_width()) * self.dtype.itemsize
         logits = ec.max_num_seqs * cfg.vocab_size * 4 * 4
-        return ec.max_num_batched_tokens * per_token + logits + 512 * 2**20
+        # speculative graphs: the verify graphs' logits buffer and one graph's logits in the pool
+        spec = 2 * min(ec.max_num_seqs, SPEC_GRAPH_MAX_ROWS) * (1 + self.num_speculative_tokens) * cfg.vocab_size * 4
+        return ec.max_num_batched_tokens * per_token + logits + (spec if self.num_speculative_tokens else 0) + 512 * 2**20
 
     def _allocate_kv_cache(self) -> None:
         # one block more than the manager hands out: padding rows of a CUDA graph batch write there
@@ -556,21 +564,20 @@ class ModelRunner:
         return LaunchedStep(scheduled, sampling, None, [], None, verified=tokens)
 
     def _verify_in_graph(self, scheduled: list[tuple[Sequence, int]]) -> LaunchedStep | None:
-        """A verify step as a graph of rows of q = 1 + (most drafts) tokens, when every row is a
-        decode or verify row (its last token, on the host, and its drafts) whose blocks hold q
-        tokens (rows with fewer drafts pad); None to run it eagerly. Plain greedy rows take the
+        """A verify step as a graph of rows of q = 1 + K tokens, when every row is a decode or
+        verify row (its last token, on the host, and its drafts) whose blocks hold q tokens (rows
+        with fewer drafts pad); None to run it eagerly. Plain greedy rows take the
         graph's argmax as the target's tokens (accepted while they equal the drafts), the rest go
         through the rejection sampler on the graph's logits."""
-        q = max(n for _, n in scheduled)
-        room = self.block_size
-        if q > DECODE_MAX_QUERY_LEN or any(
+        graphs = self.spec_graphs(draft=False, query_len=1 + self.num_speculative_tokens)
+        if graphs is None or len(scheduled) > graphs.max_rows:
+            return None
+        q, bs, max_len = graphs.query_len, self.block_size, self.engine_config.max_model_len
+        if any(  # padding stays inside the blocks the scheduler gave the row
             n != 1 + len(seq.draft_token_ids) or seq.num_computed_tokens + 1 != seq.num_known_tokens
-            or seq.num_pending_tokens or seq.num_computed_tokens + q > len(seq.block_table) * room
+            or seq.num_pending_tokens or seq.num_computed_tokens + q > min(len(seq.block_table) * bs, max_len)
             for seq, n in scheduled
         ):
-            return None
-        graphs = self.spec_graphs(draft=False, query_len=q)
-        if graphs is None or len(scheduled) > graphs.max_rows:
             return None
         seqs = [seq for seq, _ in scheduled]
         rows = [(seq.num_computed_tokens, [seq.token_at(seq.num_computed_tokens)] + seq.draft_token_ids)
@@ -590,26 +597,8 @@ class ModelRunner:
 
     def spec_graphs(self, draft: bool, query_len: int) -> RowGraphs | None:
         """The graphs of the target's (or the draft model's) forwards over rows of `query_len`
-        tokens (runner/row_graphs.py); None where those steps run eagerly: no graphs (the CPU,
-        enforce_eager), or a model with linear-attention layers (its verify rows record their
-        states for the rollback; a hybrid draft drafts on a copy of its slot)."""
-        if self._capture is None or (draft and self.draft_model is None) or (
-                self.draft_state_layers if draft else self.state_layers):
-            return None
-        key = (draft, query_len)
-        if key not in self.row_graphs:
-            ec = self.engine_config
-            cfg = self.draft_config if draft else self.model_config
-            self.row_graphs[key] = RowGraphs(
-                self.draft_model if draft else self.model, query_len, min(ec.max_num_seqs, 256),
-                -(-ec.max_model_len // self.block_size), self.scratch_block, self.block_size, self.device,
-                ec.max_model_len, cfg.num_key_value_heads, SHORT_CONTEXT_GRAPHS, self._capture)
-        return self.row_graphs[key]
-
-    @property
-    def num_captures(self) -> int:
-        """Graphs captured so far on first use (a step that captured one took longer than its kind)."""
-        return sum(g.num_captures for g in self.row_graphs.values())
+        tokens, or None where those steps run eagerly (_capture_spec_graphs)."""
+        return self.row_graphs.get((draft, query_len))
 
     def _launched(
         self,
@@ -713,6 +702,30 @@ class ModelRunner:
                     (ctx, *capture(graph_forward(self.model, self.decode_inputs, bs, ctx, host_out)))
                     for ctx in context_buckets(bs, kv_heads, max_len, SHORT_CONTEXT_GRAPHS, self.device)[:-1]]
         self.graphs = dict(sorted(self.graphs.items()))  # ascending, for _graph_size
+        self._capture_spec_graphs()
+
+    def _capture_spec_graphs(self) -> None:
+        """Speculative decoding's graphs (runner/row_graphs.py): the target's verify rows of
+        1 + K tokens, the draft model's catch-up over as many and its one-token steps; none for a
+        model with linear-attention layers (its verify rows record their states for the
+        rollback; a hybrid draft drafts on a copy of its slot), which runs those steps eagerly."""
+        q = 1 + self.num_speculative_tokens
+        if q == 1 or q > DECODE_MAX_QUERY_LEN:  # longer rows take the prefill kernel: eager
+            return
+        ec = self.engine_config
+        sets = []
+        if not self.state_layers:
+            sets.append((False, q))
+        if self.draft_model is not None and not self.draft_state_layers:
+            sets += [(True, q), (True, 1)]
+        for draft, query_len in sets:
+            cfg = self.draft_config if draft else self.model_config
+            graphs = RowGraphs(
+                self.draft_model if draft else self.model, query_len, min(ec.max_num_seqs, SPEC_GRAPH_MAX_ROWS),
+                -(-ec.max_model_len // self.block_size), self.scratch_block, self.block_size, self.device,
+                ec.max_model_len, cfg.num_key_value_heads, SHORT_CONTEXT_GRAPHS, self._capture, logits=not draft)
+            graphs.capture_all()
+            self.row_graphs[(draft, query_len)] = graphs
 
     def _decode_carveout(self, bs: int) -> contextlib.AbstractContextManager:
         """The L1 / shared memory split a decode graph of `bs` rows is captured with: the same

@@ -16,7 +16,6 @@ import torch
 from hotpath.engine.sequence import Sequence
 from hotpath.engine.spec.config import SpeculativeConfig
 from hotpath.engine.spec.ngram import ngram_propose
-from hotpath.ops.attention import DECODE_MAX_QUERY_LEN
 from hotpath.runner.model_runner import ModelRunner, Row, is_plain_greedy
 from hotpath.runner.sampler import probabilities, process_logits
 
@@ -48,7 +47,7 @@ class DraftModelDrafter:
     else the last step's accepted tokens), chunked by the token budget, which gives its first
     draft; then it runs one token at a time for the rest. Where graphs are captured and every
     sequence drafts greedily (plain greedy, as many drafts each), the catch-up is a graph over each
-    sequence's last k + 1 tokens (recomputing the K/V of those it had seen, the same values) when
+    sequence's last K + 1 tokens (recomputing the K/V of those it had seen, the same values) when
     it is at most that far behind, and the one-token steps are graphs whose inputs are the last
     step's argmax on the device: the drafts reach the host once, at the end."""
 
@@ -83,9 +82,7 @@ class DraftModelDrafter:
     def _in_graphs(self, seqs: list[Sequence], k: int) -> bool:
         """k greedy drafts for each sequence through graphs (see the class doc); False, having
         done nothing, where a step is too big for them or there are none."""
-        q = k + 1
-        if q > DECODE_MAX_QUERY_LEN:  # longer rows take the prefill kernel, outside graphs
-            return False
+        q = 1 + self.runner.num_speculative_tokens  # the catch-up graphs' rows: 1 + K tokens
         catch_up = self.runner.spec_graphs(draft=True, query_len=q)
         one = self.runner.spec_graphs(draft=True, query_len=1)
         if catch_up is None or len(seqs) > catch_up.max_rows:
