@@ -118,8 +118,8 @@ class Engine:
         self.spec_policy = None if self.spec_config is None else DraftLengthPolicy(
             self.spec_config.num_speculative_tokens, self.spec_config.adaptive)
         self._step_drafts = 0  # the drafts this step's decoding sequences may verify
-        self.scheduler = Scheduler(self.config, self.kv_cache,
-                                   self._num_draft_slots if self.spec_config else None)
+        self.scheduler = Scheduler(self.config, self.kv_cache, self._num_draft_slots if self.spec_config else None,
+                                   1 + self.runner.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
         # async scheduling pays where the device runs apart from the host: on by default on a GPU
         # (a step that verifies drafts runs synchronously: a drafter needs every token on the host)

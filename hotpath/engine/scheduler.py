@@ -39,12 +39,15 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv_cache: KVCacheManager,
-                 num_draft_slots: Callable[[Sequence], int] | None = None) -> None:
+                 num_draft_slots: Callable[[Sequence], int] | None = None, draft_room: int = 0) -> None:
         self.config = config
         self.kv_cache = kv_cache
         # speculative decoding: how many drafts a decoding sequence may verify this step (its
         # blocks and token budget are reserved for them; the drafter may propose fewer)
         self.num_draft_slots = num_draft_slots
+        # blocks a decoding sequence holds room for, in tokens from its last one, whatever this
+        # step's drafts (1 + K): a verify graph's rows are that long, rows with fewer drafts padded
+        self.draft_room = draft_room
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -64,10 +67,11 @@ class Scheduler:
             if seq.num_pending_tokens and seq.num_output_tokens >= seq.max_tokens:
                 i += 1  # its last token is being sampled already (async scheduling)
                 continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = room = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if self.num_draft_slots is not None and seq.is_decoding:
                 num_new = min(1 + self.num_draft_slots(seq), budget)
-            if not self._allocate_or_preempt(seq, num_new, out):
+                room = max(num_new, self.draft_room)
+            if not self._allocate_or_preempt(seq, room, out):
                 break  # seq itself was preempted, and it was the last running one
             out.scheduled.append((seq, num_new))
             budget -= num_new

@@ -30,6 +30,13 @@ def generate(path, prompts, params, graphs: bool, **kwargs):
         run = g.run
         g.run = (lambda run, key: lambda seqs, rows, prev=None: (
             replays.append((*key, [len(t) for _, t in rows])) or run(seqs, rows, prev)))(run, key)
+    prepare = runner._prepare
+
+    def eager(scheduled, prev=None):  # a step outside the graphs: never a verify step here
+        replays.append(("eager", any(seq.draft_token_ids for seq, _ in scheduled)))
+        return prepare(scheduled, prev)
+
+    runner._prepare = eager
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], replays, llm
 
@@ -42,7 +49,8 @@ def test_graph_steps_equal_plain(setup, method):
     got, replays, llm = generate(path, prompts, PARAMS, graphs=True, speculative_config=spec)
     assert got == want
     k = spec["num_speculative_tokens"]
-    verify = [r for r in replays if not r[0]]
+    assert ("eager", True) not in replays  # every verify step in a graph, near max_tokens too
+    verify = [r for r in replays if r[0] is False]
     assert verify and all(q == k + 1 and max(lens) <= q for _, q, lens in verify)
     assert any(min(lens) < q for _, q, lens in verify), verify  # rows with fewer drafts, padded
     if method == "draft_model":
@@ -67,4 +75,4 @@ def test_rows_outside_plain_greedy_verify_on_the_graphs_logits(setup):
         want, _, _ = generate(path, prompts[:3], p, graphs=False)
         got, replays, _ = generate(path, prompts[:3], p, graphs=True, speculative_config=drafters(draft)["ngram"])
         assert got == want
-        assert any(not r[0] for r in replays)
+        assert any(r[0] is False for r in replays)

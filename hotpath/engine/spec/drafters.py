@@ -67,7 +67,7 @@ class DraftModelDrafter:
         probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq in seqs}
         self.caught_up = max((seq.num_tokens - seq.num_draft_computed for seq in seqs), default=0)
         k = max(slots, default=0)
-        if min(slots, default=0) == k > 0 and all(is_plain_greedy(seq) for seq in seqs) and self._in_graphs(seqs, k):
+        if k and all(is_plain_greedy(seq) for seq in seqs) and self._in_graphs(seqs, slots):
             return
         self._catch_up(seqs, probs)
         # then one token at a time
@@ -79,13 +79,16 @@ class DraftModelDrafter:
             if probs[seq.seq_id] and not seq.params.greedy:
                 seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
 
-    def _in_graphs(self, seqs: list[Sequence], k: int) -> bool:
-        """k greedy drafts for each sequence through graphs (see the class doc); False, having
-        done nothing, where a step is too big for them or there are none."""
+    def _in_graphs(self, seqs: list[Sequence], slots: list[int]) -> bool:
+        """Greedy drafts for each sequence through graphs (see the class doc): as many as the
+        most slots for every row, each cut to its own; False, having done nothing, where a step
+        is too big for them, a row's drafts would pass its blocks, or there are no graphs."""
         q = 1 + self.runner.num_speculative_tokens  # the catch-up graphs' rows: 1 + K tokens
         catch_up = self.runner.spec_graphs(draft=True, query_len=q)
         one = self.runner.spec_graphs(draft=True, query_len=1)
-        if catch_up is None or len(seqs) > catch_up.max_rows:
+        k, bs, max_len = max(slots), self.runner.block_size, self.runner.engine_config.max_model_len
+        if catch_up is None or len(seqs) > catch_up.max_rows or any(
+                seq.num_tokens + k - 1 > min(len(seq.block_table) * bs, max_len) for seq in seqs):
             return False
         n = len(seqs)
         drafts = torch.empty((n, k), dtype=torch.int64, device=self.runner.device)
@@ -111,8 +114,8 @@ class DraftModelDrafter:
             drafts[:, i] = ids
             prev = (ids, list(range(n)))  # in place: the graph wrote its argmax over its inputs
         top = self.vocab_size - 1  # a draft vocabulary wider than the target's
-        for seq, row in zip(seqs, drafts.tolist()):  # the drafts' one host synchronisation
-            seq.draft_token_ids = [min(t, top) for t in row]
+        for seq, row, n in zip(seqs, drafts.tolist(), slots):  # the drafts' one host synchronisation
+            seq.draft_token_ids = [min(t, top) for t in row[:n]]
         return True
 
     def _catch_up(self, seqs: list[Sequence], probs: dict[int, list[torch.Tensor]]) -> None:
