@@ -269,7 +269,8 @@ class Engine:
         (its stop was not known yet): that token is discarded, never emitted."""
         if self.spec_policy is not None:
             decoding = [s for s in self.scheduler.running if s.is_decoding]
-            self._step_drafts = self.spec_policy.choose(decoding)
+            prefilling = len(decoding) < len(self.scheduler.running) or bool(self.scheduler.waiting)
+            self._step_drafts = self.spec_policy.choose(decoding, prefilling)
         sched = self.scheduler.schedule()
         touched: dict[str, Request] = {}
         prev, self._in_flight = self._in_flight, None

@@ -44,6 +44,18 @@ def test_explores_both_ends_first():
     assert policy.choose(batch) in range(K + 1)
 
 
+def test_explores_only_in_pure_decode_steps():
+    """Steps with prompts prefilling beside the decodes are not timed: speculation is not tried
+    at a batch size until a pure decode step can measure it."""
+    batch = seqs(3)
+    policy = DraftLengthPolicy(K)
+    assert policy.choose(batch, prefilling=True) == 0
+    assert policy.choose(batch) == K
+    timed(policy, 3, K, 0.02)
+    timed(policy, 3, 0, 0.01)
+    assert policy.choose(batch, prefilling=True) == policy.choose(batch)  # measured: the same choice
+
+
 def test_speculates_where_drafts_are_accepted_and_verify_is_cheap():
     batch = seqs(4)
     policy = measured({0: 0.010, K: 0.012}, acceptance=1, batch=batch)

@@ -7,7 +7,8 @@ k drafts takes T(B, k), measured: the engine times its decode steps (pure decode
 chunk) and keeps a running mean per (batch-size bucket, k). The step takes the k in 0..K that
 maximises sum(E_s(k)) / T(B, k). T(B, k) not measured yet is interpolated linearly between the
 measured k nearest below and above (verify and draft work grow about linearly in k), and where
-only one side is known the step explores: k = K until T(B, K) is measured, then k = 0. The first
+only one side is known the step explores: k = K until T(B, K) is measured (in pure decode steps:
+while prompts prefill beside them, k = 0), then k = 0. The first
 step timed of each (bucket, k) is dropped (it compiles kernels, allocates; the engine also drops
 steps that captured a graph). When
 k = 0 wins, acceptance is no longer observed, so every EXPLORE_EVERY-th decode step at that
@@ -38,14 +39,15 @@ class DraftLengthPolicy:
         self.steps_off: dict[int, int] = {}  # bucket -> decode steps since speculation last ran
         self.first_seen: set[tuple[int, int]] = set()  # (bucket, k) timed once (that step is not kept)
 
-    def choose(self, seqs: list[Sequence]) -> int:
-        """The number of drafts this step's decoding sequences verify."""
+    def choose(self, seqs: list[Sequence], prefilling: bool = False) -> int:
+        """The number of drafts this step's decoding sequences verify. `prefilling`: prompts
+        may run beside them (a step that is not timed: nothing unmeasured is tried then)."""
         if not self.adaptive or not seqs:
             return self.max_drafts
         b = bucket(len(seqs))
         K = self.max_drafts
         if (b, K) not in self.step_time:
-            return K
+            return 0 if prefilling else K
         if (b, 0) not in self.step_time:
             return 0
         accept = [self.acceptance.get(s.seq_id, PRIOR_ACCEPTANCE) for s in seqs]
