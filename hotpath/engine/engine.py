@@ -95,6 +95,7 @@ class Engine:
             self.model_config, self.config, model_dir, args.load_format, self.device, self.dtype,
             args.seed, args.enforce_eager, draft,
             self.spec_config.num_speculative_tokens if self.spec_config else 0,
+            mtp=self.spec_config is not None and self.spec_config.method == "mtp",
         )
         capacity = self.runner.num_blocks * self.config.block_size
         if capacity < max_model_len:
@@ -398,6 +399,8 @@ class Engine:
         kept = [(seq, n) for seq, n in kept if not seq.is_finished]
         if kept and self.runner.state_layers:  # the linear-attention state back to the last kept token
             self.runner.rollback_states(kept)
+        if self.drafter is not None:
+            self.drafter.collected(launched)
 
     def _outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
         now = time.monotonic()
@@ -409,6 +412,7 @@ class Engine:
                 if self.spec_policy is not None:
                     for seq in req.seqs:
                         self.spec_policy.forget(seq)
+                        self.drafter.forget(seq)
             outputs.append(self._make_output(req))
         return outputs
 

@@ -22,7 +22,7 @@ import torch
 from hotpath.config import EngineConfig, ModelConfig
 from hotpath.engine.sequence import Sequence
 from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
-from hotpath.loader.model_loader import load_model
+from hotpath.loader.model_loader import load_model, load_mtp
 from hotpath.ops.attention import DECODE_MAX_QUERY_LEN
 from hotpath.ops.backend import use_triton
 from hotpath.ops.quant import fp8_dtype
@@ -52,6 +52,10 @@ class LaunchedStep:
     done: torch.cuda.Event | None  # recorded after those copies (None off CUDA: already there)
     out_slot: int | None = None  # the decode inputs' host ring row `host` views, freed on collect
     verified: dict[int, list[SampledToken]] | None = None  # a verify step's tokens, on the host
+    # with an MTP head: the target's final hidden states of the step's tokens [tokens, hidden], and
+    # where each sequence's are: (sequence, first position, tokens, first row in `hidden`)
+    hidden: torch.Tensor | None = None
+    hidden_rows: list[tuple[Sequence, int, int, int]] | None = None
 
     def rows_of(self, seqs: list[Sequence]) -> list[int]:
         """The rows that sampled these sequences' tokens in this step."""
@@ -142,6 +146,7 @@ class ModelRunner:
         enforce_eager: bool = False,
         draft: tuple[ModelConfig, Path] | None = None,
         num_speculative_tokens: int = 0,
+        mtp: bool = False,
     ) -> None:
         self.model_config = model_config
         self.engine_config = engine_config
@@ -155,13 +160,18 @@ class ModelRunner:
         self.draft_model = None if draft is None else load_model(
             draft[0], draft[1], load_format, device, dtype, engine_config.max_model_len, seed + 1)
         self.draft_config = None if draft is None else draft[0]
+        # speculative decoding's multi-token-prediction head (models/mtp.py): the checkpoint's
+        # mtp.* layer on the target's embedding and LM head, its K/V beside the target's
+        self.mtp = None if not mtp else load_mtp(
+            model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed + 1, self.model)
         self.num_speculative_tokens = num_speculative_tokens  # K: verify graphs take rows of 1 + K
         self.block_size = engine_config.block_size
         # K and V in the model dtype, or in fp8 (half bf16's bytes a token: twice the blocks fit)
         self.kv_cache_dtype = fp8_dtype(device) if engine_config.kv_cache_dtype == "fp8" else dtype
         layers = self.model.cache_layers()
-        if self.draft_model is not None:
-            layers = layers + self.draft_model.cache_layers()
+        for extra in (self.draft_model, self.mtp):
+            if extra is not None:
+                layers = layers + extra.cache_layers()
         self.kv_layers = [layer for layer in layers if isinstance(layer.cache_spec(), KVCacheSpec)]
         # the target's linear-attention layers (hybrid models), and a hybrid draft model's
         self.state_layers = [layer for layer in self.model.cache_layers()
@@ -271,7 +281,7 @@ class ModelRunner:
     # ---- one step -------------------------------------------------------------------------
     def _prepare(
         self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence], list[tuple[Sequence, int, int, int]]]:
         """The step's flat batch tensors, and the sequences that sample, in row order. A decode
         row whose input token is still pending takes it from `prev`'s sampled ids on the device.
         A sequence with drafts (speculative decoding) feeds them after its last token and gets
@@ -295,7 +305,9 @@ class ModelRunner:
             index = torch.tensor([at[r] for _, r in pending], dtype=torch.int64)
             rows_prev = torch.tensor(prev.rows_of([seq for seq, _ in pending]), dtype=torch.int64)
             ids[index.to(self.device, non_blocking=True)] = prev.token_ids[rows_prev.to(self.device, non_blocking=True)]
-        return ids, positions, batch, [rows[r].seq for r in order if rows[r].num_logits]
+        placed = [(rows[r].seq, rows[r].first, len(rows[r].tokens), batch.cu_query_lens_host[i])
+                  for i, r in enumerate(order)]  # each row's tokens in the batch
+        return ids, positions, batch, [rows[r].seq for r in order if rows[r].num_logits], placed
 
     def rows_batch(self, rows: list[Row], state: bool = False) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[int]]:
         """A forward's flat batch from rows of tokens at positions over each sequence's block
@@ -499,6 +511,13 @@ class ModelRunner:
             self._free_verify_records()
         if any(seq.draft_token_ids for seq, _ in scheduled) and (verify := self._verify_in_graph(scheduled)):
             return verify
+        self._hidden = (None, None)
+        step = self._launch(scheduled, prev)
+        if self.mtp is not None:  # the head catches up on these tokens once they are on the host
+            step.hidden, step.hidden_rows = self._hidden
+        return step
+
+    def _launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None) -> LaunchedStep:
         graph_size = self._graph_size(scheduled)
         if graph_size:
             sampling = [seq for seq, _ in scheduled]
@@ -515,8 +534,9 @@ class ModelRunner:
                 return self._launched(scheduled, sampling, inputs.token_ids[:n], inputs.logprobs[:n],
                                       out_slot=slot)
         else:
-            input_ids, positions, batch, sampling = self._prepare(scheduled, prev)
+            input_ids, positions, batch, sampling, placed = self._prepare(scheduled, prev)
             hidden = self.model(input_ids, positions, batch)
+            self._hidden = (hidden, placed)
             if self.state_layers and batch.max_query_len == 1:
                 self._save_decoded_snapshots(scheduled)
             if not sampling:
@@ -681,6 +701,9 @@ class ModelRunner:
         max_blocks = -(-ec.max_model_len // self.block_size)
         self.decode_inputs = DecodeInputs(max_bs, max_blocks, self.scratch_block, self.block_size, self.device,
                                           self.scratch_state_slot)
+        # with an MTP head, the graphs also leave the final hidden states here: [max_bs, hidden]
+        self.decode_hidden = None if self.mtp is None else torch.empty(
+            (max_bs, self.model_config.hidden_size), dtype=self.dtype, device=self.device)
         stand_in = capture is not None
         if capture is None:
             pool = torch.cuda.graph_pool_handle()  # shared: graphs never replay at the same time
@@ -697,9 +720,11 @@ class ModelRunner:
                 # 0 keys puts a query at position -1, and its cos/sin load one row before the table)
                 self.decode_inputs.fill([], bs)
                 host_out = self.decode_inputs.host_out(bs) if self.decode_inputs.mapped else None
-                self.graphs[bs] = capture(graph_forward(self.model, self.decode_inputs, bs, max_len, host_out))
+                hidden = None if self.decode_hidden is None else self.decode_hidden[:bs]
+                self.graphs[bs] = capture(graph_forward(self.model, self.decode_inputs, bs, max_len, host_out,
+                                                        hidden_out=hidden))
                 self.short_graphs[bs] = [
-                    (ctx, *capture(graph_forward(self.model, self.decode_inputs, bs, ctx, host_out)))
+                    (ctx, *capture(graph_forward(self.model, self.decode_inputs, bs, ctx, host_out, hidden_out=hidden)))
                     for ctx in context_buckets(bs, kv_heads, max_len, SHORT_CONTEXT_GRAPHS, self.device)[:-1]]
         self.graphs = dict(sorted(self.graphs.items()))  # ascending, for _graph_size
         self._capture_spec_graphs()
@@ -752,4 +777,7 @@ class ModelRunner:
             longest = max(seq.num_computed_tokens + 1 for seq in seqs)  # padding rows attend to 1
             graph, logits = next(((g, out) for ctx, g, out in short if longest <= ctx), (graph, logits))
         graph.replay()
+        if self.mtp is not None:  # a copy: the next replay writes the buffer again
+            self._hidden = (self.decode_hidden[: len(seqs)].clone(),
+                            [(seq, seq.num_computed_tokens, 1, i) for i, seq in enumerate(seqs)])
         return logits[: len(seqs)]

@@ -28,17 +28,20 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 def graph_forward(model: torch.nn.Module, inputs: DecodeInputs, size: int, max_context_len: int,
                   host_out: tuple | None = None, logits_out: torch.Tensor | None = None,
-                  keep_logits: bool = True) -> Callable[[], torch.Tensor]:
+                  keep_logits: bool = True, hidden_out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
     """The forward a graph of `size` rows records: model, LM head and greedy sampling of every
     token, all on views of the static inputs, for contexts up to `max_context_len`. Returns the
     logits [size * q, vocab] (copied into `logits_out` when given), or with keep_logits=False the
-    greedy ids, which overwrite the input ids (the next step's inputs) in any case."""
+    greedy ids, which overwrite the input ids (the next step's inputs) in any case. `hidden_out`:
+    where the final hidden states go too (an MTP head's input)."""
     # kernels size their grids from max_context_len: every replay's contexts stay within it
     input_ids, positions, batch = inputs.views(size, max_context_len)
     n = input_ids.shape[0]
 
     def forward() -> torch.Tensor:
         hidden = model(input_ids, positions, batch)
+        if hidden_out is not None:
+            hidden_out.copy_(hidden)
         logits = model.compute_logits(hidden)  # [size * q, vocab]
         greedy_sample(logits, out=(inputs.token_ids[:n], inputs.logprobs[:n]), host_out=host_out)
         if logits_out is not None:

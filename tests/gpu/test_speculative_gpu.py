@@ -55,3 +55,27 @@ def test_real_shapes_complete():
     outs = llm.generate([{"prompt_token_ids": list(range(100, 612))}] * 2, PARAMS, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == PARAMS.max_tokens for o in outs)
     assert llm.engine.spec_policy.step_time  # decode steps were timed
+
+
+def test_mtp_greedy_equals_plain_on_gpu(tmp_path):
+    """The multi-token-prediction head drafting on a hybrid tiny model (Qwen3-Next, its mtp.* head
+    in the published layout): plain steps in decode graphs hand it their hidden states."""
+    from tiny_models import make_tiny_model
+
+    hf_model = make_tiny_model("qwen3next-hybrid", tmp_path, mtp_layers=1)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, hf_model.config.vocab_size, (n,), generator=g).tolist() for n in (7, 60, 33)]
+
+    def run(**kw):
+        llm = LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32", max_model_len=512,
+                  gpu_memory_utilization=0.3, **kw)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+        drafted = llm.engine.spec_stats.num_draft_tokens
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        return [o.outputs[0].token_ids for o in outs], drafted
+
+    want, _ = run()
+    got, drafted = run(speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    assert got == want and drafted > 0

@@ -10,7 +10,6 @@ and random (dummy) weights."""
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import pytest
@@ -20,6 +19,7 @@ from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
 from hotpath.loader.model_loader import load_model, load_mtp
 from hotpath.models.registry import read_config
 from hotpath.runner.forward_batch import ForwardBatch
+from mtp_reference import hf_reference, mtp_tensors
 from tiny_models import make_tiny_model
 
 BLOCK = 4
@@ -90,54 +90,6 @@ def _step(rows: list[tuple[int, int]], tables: list[list[int]]) -> tuple[torch.T
     return torch.tensor(positions, dtype=torch.int64), batch
 
 
-def _mtp_tensors(path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    (f,) = path.glob("*.safetensors")
-    return {k: v for k, v in load_file(f).items() if k.startswith("mtp.")}
-
-
-@torch.no_grad()
-def _hf_reference(hf_model, tensors: dict[str, torch.Tensor], ids: torch.Tensor,
-                  hidden: torch.Tensor) -> torch.Tensor:
-    """The MTP head over one sequence (positions 0..T-1, causal) from transformers' classes:
-    norm(layer(fc(cat[pre_fc_norm_embedding(embed(ids)), pre_fc_norm_hidden(hidden)])))."""
-    import importlib
-
-    import torch.nn.functional as F
-
-    cfg = copy.deepcopy(hf_model.config.get_text_config())
-    cfg._attn_implementation = "eager"
-    family = {"qwen3_next": "Qwen3Next", "qwen3_5_text": "Qwen3_5", "qwen3_5_moe_text": "Qwen3_5Moe"}[cfg.model_type]
-    hf = importlib.import_module(type(hf_model).__module__)
-    Norm, Layer = getattr(hf, f"{family}RMSNorm"), getattr(hf, f"{family}DecoderLayer")
-
-    def norm(name: str) -> torch.nn.Module:
-        m = Norm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        m.weight.copy_(tensors[f"mtp.{name}.weight"])
-        return m
-
-    layer = Layer(cfg, cfg.layer_types.index("full_attention")).eval()
-    state = {k.removeprefix("mtp.layers.0."): v for k, v in tensors.items() if k.startswith("mtp.layers.0.")}
-    experts = sorted({int(k.split(".")[2]) for k in state if k.startswith("mlp.experts.")
-                      and k.split(".")[2].isdigit()})
-    if experts:  # HF holds the experts stacked: gate_up [E, 2I, H] (gate rows, then up), down [E, H, I]
-        stacked = {proj: torch.stack([state.pop(f"mlp.experts.{e}.{proj}_proj.weight") for e in experts])
-                   for proj in ("gate", "up", "down")}
-        state["mlp.experts.gate_up_proj"] = torch.cat([stacked["gate"], stacked["up"]], dim=1)
-        state["mlp.experts.down_proj"] = stacked["down"]
-    layer.load_state_dict(state, strict=True)
-    rotary = next(m for n, m in hf_model.named_modules() if n.endswith("rotary_emb") and "visual" not in n)
-
-    T = ids.shape[0]
-    e = norm("pre_fc_norm_embedding")(hf_model.get_input_embeddings().weight[ids])
-    x = F.linear(torch.cat([e, norm("pre_fc_norm_hidden")(hidden)], dim=-1), tensors["mtp.fc.weight"])[None]
-    position_ids = torch.arange(T)[None]
-    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
-    x = layer(x, position_embeddings=rotary(x, position_ids), attention_mask=mask, position_ids=position_ids)
-    return norm("norm")(x)[0]
-
-
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_mtp_head_matches_hf_layers(name, checkpoints):
     """Two sequences through the paged cache: a prompt of 11 in two steps (7, then a few-query
@@ -161,7 +113,7 @@ def test_mtp_head_matches_hf_layers(name, checkpoints):
         for i, part in enumerate(out.split([n for _, n in split])):
             got[i].append(part)
     for i, n in enumerate(lengths):
-        ref = _hf_reference(hf_model, _mtp_tensors(path), ids[i], hidden[i])
+        ref = hf_reference(hf_model, mtp_tensors(path), ids[i], hidden[i])
         torch.testing.assert_close(torch.cat(got[i]), ref, rtol=1e-5, atol=1e-5)
     # logits through the target's LM head
     last = torch.cat([g_[-1][-1:] for g_ in got])
@@ -185,7 +137,7 @@ def test_draft_steps_feed_the_head_its_own_output(checkpoints):
         ids, hidden = torch.cat([ids, token]), torch.cat([hidden, outs[-1][-1:]])
         positions, batch = _step([(n + k, 1)], [[4, 0]])
         outs.append(mtp(token, positions, batch, outs[-1][-1:], step=k + 1))
-    ref = _hf_reference(hf_model, _mtp_tensors(path), ids, hidden)
+    ref = hf_reference(hf_model, mtp_tensors(path), ids, hidden)
     torch.testing.assert_close(torch.cat(outs), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -194,7 +146,7 @@ def test_fused_experts_layout_loads_the_same_head(checkpoints):
     parameters as one tensor per expert."""
     per_expert, _ = checkpoints("qwen3_5-moe")
     fused, _ = checkpoints("qwen3_5-moe", fused=True)
-    assert "mtp.layers.0.mlp.experts.gate_up_proj" in _mtp_tensors(fused)
+    assert "mtp.layers.0.mlp.experts.gate_up_proj" in mtp_tensors(fused)
     a, b = _load(per_expert)[2], _load(fused)[2]
     for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert na == nb

@@ -4,6 +4,7 @@
 
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     {"method": "draft_model", "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4}
+    {"method": "mtp", "num_speculative_tokens": 2}   (the checkpoint's own mtp.* head: Qwen3-Next, Qwen3.5)
 
 Kept free of torch: the CLI's --help reads this module.
 """
@@ -14,7 +15,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "mtp")
 # up to 7 drafts a verify row (the last token and its drafts) is a few-query row of the decode
 # attention kernel (ops.attention.DECODE_MAX_QUERY_LEN = 8); longer ones run the prefill kernel
 MAX_SPECULATIVE_TOKENS = 15
@@ -58,8 +59,7 @@ class SpeculativeConfig:
 
     def _validate(self) -> None:
         if self.method not in METHODS:
-            hint = " (MTP heads are not supported yet)" if self.method == "mtp" else ""
-            raise ValueError(f"speculative method {self.method!r} is not one of {', '.join(METHODS)}{hint}")
+            raise ValueError(f"speculative method {self.method!r} is not one of {', '.join(METHODS)}")
         k = self.num_speculative_tokens
         if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")

@@ -13,10 +13,10 @@ from typing import Protocol
 
 import torch
 
-from hotpath.engine.sequence import Sequence
+from hotpath.engine.sequence import Sequence, SequenceStatus
 from hotpath.engine.spec.config import SpeculativeConfig
 from hotpath.engine.spec.ngram import ngram_propose
-from hotpath.runner.model_runner import ModelRunner, Row, is_plain_greedy
+from hotpath.runner.model_runner import LaunchedStep, ModelRunner, Row, is_plain_greedy
 from hotpath.runner.sampler import probabilities, process_logits
 
 
@@ -25,6 +25,39 @@ class Drafter(Protocol):
 
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         """Drafts for each decoding sequence, at most slots[i] of them."""
+
+    def collected(self, step: LaunchedStep) -> None:
+        """A step's tokens reached the host (and were appended)."""
+
+    def forget(self, seq: Sequence) -> None:
+        """seq finished."""
+
+
+def draft_tokens(logits: torch.Tensor, sampling: list[Sequence], probs: dict[int, list[torch.Tensor]]) -> None:
+    """Appends each row's next draft to its sequence (logits [rows, target vocab], rows in the
+    order of `sampling`): the processed argmax for greedy requests, else a sample of the processed
+    distribution q, which is kept in probs[seq_id] for the rejection sampler."""
+    params = [s.params for s in sampling]
+    history = [s.output_token_ids + s.draft_token_ids for s in sampling]
+    logits = process_logits(logits, params, [s.prompt_token_ids for s in sampling], history,
+                            [list(s.stop_token_ids) if s.params.min_tokens else [] for s in sampling])
+    tokens = logits.argmax(dim=-1)  # [rows]: greedy requests draft the draft's argmax
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        q = probabilities(logits[index], [params[i] for i in sampled])  # [sampled, vocab]
+        for j, i in enumerate(sampled):
+            seq = sampling[i]
+            tokens[i] = torch.multinomial(q[j], 1, generator=seq.generator)[0]
+            probs[seq.seq_id].append(q[j])
+    for seq, token in zip(sampling, tokens.tolist()):
+        seq.draft_token_ids.append(token)
+
+
+def set_draft_probs(seqs: list[Sequence], probs: dict[int, list[torch.Tensor]]) -> None:
+    for seq in seqs:
+        if probs[seq.seq_id] and not seq.params.greedy:
+            seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
 
 
 class NgramDrafter:
@@ -37,6 +70,12 @@ class NgramDrafter:
         for seq, k in zip(seqs, slots):
             seq.draft_token_ids = ngram_propose(seq.all_token_ids, k, self.min_n, self.max_n)
             seq.draft_probs = None
+
+    def collected(self, step: LaunchedStep) -> None:
+        pass
+
+    def forget(self, seq: Sequence) -> None:
+        pass
 
 
 class DraftModelDrafter:
@@ -75,9 +114,13 @@ class DraftModelDrafter:
             rows = [Row(seq, seq.num_tokens + i - 1, seq.draft_token_ids[-1:], 1)
                     for seq, n in zip(seqs, slots) if n > i]
             self._step(rows, probs)
-        for seq in seqs:
-            if probs[seq.seq_id] and not seq.params.greedy:
-                seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
+        set_draft_probs(seqs, probs)
+
+    def collected(self, step: LaunchedStep) -> None:
+        pass
+
+    def forget(self, seq: Sequence) -> None:
+        pass
 
     def _in_graphs(self, seqs: list[Sequence], slots: list[int]) -> bool:
         """Greedy drafts for each sequence through graphs (see the class doc): as many as the
@@ -150,24 +193,88 @@ class DraftModelDrafter:
             logits = logits[:, : self.vocab_size]
         else:  # a draft with fewer (padding) rows never proposes the target's extra ids
             logits = torch.nn.functional.pad(logits, (0, self.vocab_size - logits.shape[1]), value=float("-inf"))
-        params = [s.params for s in sampling]
-        history = [s.output_token_ids + s.draft_token_ids for s in sampling]
-        logits = process_logits(logits, params, [s.prompt_token_ids for s in sampling], history,
-                                [list(s.stop_token_ids) if s.params.min_tokens else [] for s in sampling])
-        tokens = logits.argmax(dim=-1)  # [rows]: greedy requests draft the draft's argmax
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
-        if sampled:
-            index = torch.tensor(sampled, device=logits.device)
-            q = probabilities(logits[index], [params[i] for i in sampled])  # [sampled, vocab]
-            for j, i in enumerate(sampled):
-                seq = sampling[i]
-                tokens[i] = torch.multinomial(q[j], 1, generator=seq.generator)[0]
-                probs[seq.seq_id].append(q[j])
-        for seq, token in zip(sampling, tokens.tolist()):
-            seq.draft_token_ids.append(token)
+        draft_tokens(logits, sampling, probs)
+
+
+class MtpDrafter:
+    """The target checkpoint's multi-token-prediction head drafts (models/mtp.py): its row at
+    position t takes the token at t + 1 and the target's final hidden state at t, and guesses the
+    token at t + 2. Its K/V live under the target's block tables (as a draft model's).
+
+    The target's hidden states exist only in the step that computed them, so the head catches up
+    as each step's tokens reach the host (`collected`): over the step's rows (every prefill chunk
+    too, and a verify row's kept tokens), whose next tokens are then known. That leaves it caught
+    up to the position before a sequence's last token, its output there (kept per sequence)
+    guessing the token after the last: the first draft. Each further draft is a row at the next
+    position with the draft before it and the head's own output as the hidden state.
+
+    (A prefix-cache hit skips the target over the cached tokens, and the head with it: their
+    head K/V are those the sequence that cached the blocks wrote, whose token after a block's last
+    position may have differed. Drafts only; outputs are exact whatever is drafted.)"""
+
+    caught_up = 0
+
+    def __init__(self, runner: ModelRunner) -> None:
+        assert runner.mtp is not None
+        self.runner = runner
+        self.mtp = runner.mtp
+        self.last: dict[int, torch.Tensor] = {}  # seq_id -> the head's output at its last row [hidden]
+
+    @torch.inference_mode()
+    def collected(self, step: LaunchedStep) -> None:
+        if step.hidden is None:
+            return
+        rows, spans = [], []
+        for seq, first, count, offset in step.hidden_rows:
+            if seq.status != SequenceStatus.RUNNING:  # finished or preempted: its blocks are gone
+                continue
+            # the positions whose next token is on the host: a verify row's kept tokens (the
+            # rejected drafts were never appended), a prefill chunk's, a decode's
+            n = min(count, seq.num_known_tokens - 1 - first)
+            if n > 0:
+                rows.append(Row(seq, first, [seq.token_at(p) for p in range(first + 1, first + 1 + n)], 1))
+                spans.append(range(offset, offset + n))
+        if not rows:
+            return
+        ids, positions, batch, order = self.runner.rows_batch(rows)
+        index = torch.tensor([i for r in order for i in spans[r]]).to(step.hidden.device, non_blocking=True)
+        out = self.mtp(ids, positions, batch, step.hidden[index])  # [tokens, hidden]
+        last = out[batch.logits_indices]  # each row's last
+        for i, r in enumerate(order):
+            seq = rows[r].seq
+            self.last[seq.seq_id] = last[i]
+            seq.num_draft_computed = rows[r].first + len(rows[r].tokens)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+        for seq in seqs:
+            seq.draft_token_ids, seq.draft_probs = [], None
+        # caught up to the position before the last token (a sequence the head has not: no drafts)
+        ready = [(seq, k) for seq, k in zip(seqs, slots)
+                 if seq.seq_id in self.last and seq.num_draft_computed == seq.num_tokens - 1]
+        if not ready:
+            return
+        probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq, _ in ready}
+        hidden = torch.stack([self.last[seq.seq_id] for seq, _ in ready])  # [rows, hidden]
+        draft_tokens(self.mtp.compute_logits(hidden), [seq for seq, _ in ready], probs)
+        for i in range(1, max(k for _, k in ready)):
+            active = [j for j, (_, k) in enumerate(ready) if k > i]
+            rows = [Row(ready[j][0], ready[j][0].num_tokens - 2 + i, ready[j][0].draft_token_ids[-1:], 1)
+                    for j in active]
+            ids, positions, batch, order = self.runner.rows_batch(rows)
+            at = torch.tensor([active[r] for r in order], device=hidden.device)
+            out = self.mtp(ids, positions, batch, hidden[at], step=i)  # [rows, hidden]
+            hidden = hidden.index_copy(0, at, out)
+            draft_tokens(self.mtp.compute_logits(out), [rows[r].seq for r in order], probs)
+        set_draft_probs([seq for seq, _ in ready], probs)
+
+    def forget(self, seq: Sequence) -> None:
+        self.last.pop(seq.seq_id, None)
 
 
 def make_drafter(config: SpeculativeConfig, runner: ModelRunner, max_tokens_per_forward: int) -> Drafter:
     if config.method == "ngram":
         return NgramDrafter(config)
+    if config.method == "mtp":
+        return MtpDrafter(runner)
     return DraftModelDrafter(runner, max_tokens_per_forward)
