@@ -32,7 +32,7 @@ class EngineArgs:
     enforce_eager: bool = False
     async_scheduling: bool | None = None  # None: on with a GPU, off on the CPU
     state_snapshot_stride: int = 1024
-    # {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}, or its JSON text
+    # {"method": "ngram" | "draft_model" | "mtp", "num_speculative_tokens": k, ...}, or its JSON text
     speculative_config: dict | str | None = None
 
     @staticmethod
@@ -100,7 +100,9 @@ class EngineArgs:
                             '"prompt_lookup_max": 4} (drafts looked up in the context) or '
                             '{"method": "draft_model", "model": "qwen2.5-coder-0.5b", '
                             '"num_speculative_tokens": 4} (a smaller model with the same '
-                            'tokenizer); output is exactly the target model\'s (default: off)')
+                            'tokenizer) or {"method": "mtp", "num_speculative_tokens": 2} (the '
+                            'checkpoint\'s own multi-token-prediction head: Qwen3-Next, Qwen3.5); '
+                            'output is exactly the target model\'s (default: off)')
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

@@ -146,6 +146,16 @@ def test_drafts_are_the_heads_guess_after_the_context(setup):
             assert drafts[1] == int(hf.lm_head(out[-1]).argmax()), (len(context), drafts)
 
 
+def test_sampled_drafts_are_verified_with_their_distribution(setup):
+    """Sampling requests draft from the head's processed distribution (kept for the rejection
+    sampler): per-request seeds give the same outputs run to run, and tokens are drafted."""
+    path, prompts = setup
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, ignore_eos=True, seed=7)
+    runs = [run(path, prompts[:2], params, speculative_config=MTP) for _ in range(2)]
+    assert runs[0][1] == runs[1][1]
+    assert runs[0][0].engine.spec_stats.num_draft_tokens > 0
+
+
 def test_checkpoint_without_a_head(tiny_model_factory):
     path, _ = tiny_model_factory("qwen3next-hybrid")
     with pytest.raises(ValueError, match="no multi-token-prediction head"):
