@@ -14,7 +14,7 @@ what=" $* "
 bench="python3 -m hotpath.cli bench latency"
 quiet() { grep -vE "^\[bench\]|Loading|it/s"; }
 if [[ $what == *" tests "* ]]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_speculative_gpu.py 2>&1 \
+  timeout 480 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/gpu/test_speculative_gpu.py 2>&1 \
     | tee "$OUT/pytest_spec.log" | tail -20
 fi
 if [[ $what == *" costs "* ]]; then
