@@ -65,6 +65,28 @@ def test_graph_steps_equal_plain(setup, method):
     assert llm.engine.spec_stats.num_accepted_tokens > 0
 
 
+def test_draft_model_catches_up_in_graphs_after_plain_steps(setup):
+    """After steps without drafts (the adaptive policy's k = 0) the draft model is a few tokens
+    behind: it catches up in graphs over windows of 1 + K tokens, eagerly only after the prompts."""
+    path, draft, prompts = setup
+    want, _, _ = generate(path, prompts, PARAMS, graphs=False)
+    spec = drafters(draft)["draft_model"]
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
+              max_num_seqs=8, speculative_config=spec)
+    engine = llm.engine
+    engine.runner._capture_decode_graphs(capture=eager_capture)
+    turn = iter(range(10**6))
+    engine.spec_policy.choose = lambda seqs, prefilling=False: spec["num_speculative_tokens"] if next(turn) % 4 == 3 else 0
+    eager, behind = [], []
+    catch_up, in_graphs = engine.drafter._catch_up, engine.drafter._in_graphs
+    engine.drafter._catch_up = lambda seqs, probs: eager.append(len(seqs)) or catch_up(seqs, probs)
+    engine.drafter._in_graphs = lambda seqs, slots: behind.append(engine.drafter.caught_up) or in_graphs(seqs, slots)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert eager == [len(prompts)]  # the prompts, once
+    assert max(behind[1:]) > 1 + spec["num_speculative_tokens"]  # windows, not one
+
+
 def test_rows_outside_plain_greedy_verify_on_the_graphs_logits(setup):
     """Greedy rows that ask for top logprobs or a penalty are not plain: the rejection sampler
     verifies them on the graph's logits, and their outputs still equal the plain engine's."""

@@ -78,6 +78,11 @@ class NgramDrafter:
         pass
 
 
+# a draft model at most this many windows of 1 + K tokens behind catches up in graphs (after a
+# few steps without drafts); further behind (a prompt) in one eager forward
+GRAPH_CATCH_UP_WINDOWS = 8
+
+
 class DraftModelDrafter:
     """A smaller model of the same tokenizer drafts autoregressively. Its K/V live in the
     runner's draft cache under the target's block tables (the same block ids, its own tensors),
@@ -85,9 +90,9 @@ class DraftModelDrafter:
     first catches up on the sequence's tokens it has not seen (a whole prompt after a prefill,
     else the last step's accepted tokens), chunked by the token budget, which gives its first
     draft; then it runs one token at a time for the rest. Where graphs are captured and every
-    sequence drafts greedily (plain greedy, as many drafts each), the catch-up is a graph over each
-    sequence's last K + 1 tokens (recomputing the K/V of those it had seen, the same values) when
-    it is at most that far behind, and the one-token steps are graphs whose inputs are the last
+    sequence drafts greedily (plain greedy), the catch-up is graphs over windows of K + 1 tokens
+    (the last ending at the sequence's last token, recomputing K/V it had seen: the same values)
+    when it is at most GRAPH_CATCH_UP_WINDOWS of them behind, and the one-token steps are graphs whose inputs are the last
     step's argmax on the device: the drafts reach the host once, at the end."""
 
     def __init__(self, runner: ModelRunner, max_tokens_per_forward: int) -> None:
@@ -135,14 +140,22 @@ class DraftModelDrafter:
             return False
         n = len(seqs)
         drafts = torch.empty((n, k), dtype=torch.int64, device=self.runner.device)
-        if self.caught_up <= q and all(seq.num_tokens >= q for seq in seqs):
+        if self.caught_up <= GRAPH_CATCH_UP_WINDOWS * q and all(seq.num_tokens >= q for seq in seqs):
+            # windows of q tokens from the first unseen one, the last ending at the last token; a
+            # sequence with fewer windows repeats its last (the same K/V again)
             top = self.draft_vocab_size - 1  # the target's extra ids, unknown to the draft
-            rows = [(seq.num_tokens - q, [min(t, top) for t in seq.all_token_ids[-q:]]) for seq in seqs]
-            _, ids, _ = catch_up.run(seqs, rows)  # [n * q]: the argmax after each token
+            starts = [[min(p, seq.num_tokens - q) for p in range(seq.num_draft_computed, seq.num_tokens, q)]
+                      or [seq.num_tokens - q] for seq in seqs]
+            for j in range(max(map(len, starts))):
+                rows = []
+                for seq, at in zip(seqs, starts):
+                    first = at[min(j, len(at) - 1)]
+                    rows.append((first, [min(t, top) for t in seq.all_token_ids[first : first + q]]))
+                _, ids, _ = catch_up.run(seqs, rows)  # [n * q]: the argmax after each token
             last = [i * q + q - 1 for i in range(n)]
             drafts[:, 0] = ids.view(n, q)[:, -1]
             prev = (ids, last)
-        else:  # far behind (after a prefill or steps without drafts): eagerly, as without graphs
+        else:  # far behind (after a prefill): eagerly, as without graphs
             self._catch_up(seqs, {seq.seq_id: [] for seq in seqs})
             drafts[:, 0] = torch.tensor([seq.draft_token_ids[0] for seq in seqs])
             prev = None
