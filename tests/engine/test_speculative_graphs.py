@@ -26,10 +26,15 @@ def generate(path, prompts, params, graphs: bool, **kwargs):
     if graphs:
         runner._capture_decode_graphs(capture=eager_capture)
     replays = []  # (draft model?, q, rows' token counts) of each replay
+
+    def recorded(run, key):
+        def replay(seqs, rows, prev=None):
+            replays.append((*key, [len(t) for _, t in rows]))
+            return run(seqs, rows, prev)
+        return replay
+
     for key, g in runner.row_graphs.items():
-        run = g.run
-        g.run = (lambda run, key: lambda seqs, rows, prev=None: (
-            replays.append((*key, [len(t) for _, t in rows])) or run(seqs, rows, prev)))(run, key)
+        g.run = recorded(g.run, key)
     prepare = runner._prepare
 
     def eager(scheduled, prev=None):  # a step outside the graphs: never a verify step here

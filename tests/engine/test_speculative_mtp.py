@@ -84,9 +84,15 @@ def test_decode_graphs_leave_the_hidden_states(setup):
               speculative_config=MTP, max_num_seqs=4)
     llm.engine.runner._capture_decode_graphs(capture=eager_capture)
     replays = []
+
+    def recorded(replay, size):
+        def run():
+            replays.append(size)
+            replay()
+        return run
+
     for size, (graph, _) in llm.engine.runner.graphs.items():
-        replay = graph.replay
-        graph.replay = (lambda replay, size: lambda: replays.append(size) or replay())(replay, size)
+        graph.replay = recorded(graph.replay, size)
     # every other step plain (as the adaptive policy's k = 0), so decodes run in the graphs
     choose = llm.engine.spec_policy.choose
     turn = iter(range(10**6))

@@ -92,8 +92,8 @@ class DraftModelDrafter:
     draft; then it runs one token at a time for the rest. Where graphs are captured and every
     sequence drafts greedily (plain greedy), the catch-up is graphs over windows of K + 1 tokens
     (the last ending at the sequence's last token, recomputing K/V it had seen: the same values)
-    when it is at most GRAPH_CATCH_UP_WINDOWS of them behind, and the one-token steps are graphs whose inputs are the last
-    step's argmax on the device: the drafts reach the host once, at the end."""
+    when it is at most GRAPH_CATCH_UP_WINDOWS of them behind, and the one-token steps are graphs
+    whose inputs are the last step's argmax on the device: the drafts reach the host once."""
 
     def __init__(self, runner: ModelRunner, max_tokens_per_forward: int) -> None:
         assert runner.draft_model is not None
