@@ -253,6 +253,13 @@ class Engine:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
+            self._forget_drafts(seq)
+
+    def _forget_drafts(self, seq: Sequence) -> None:
+        """Drops what speculative decoding kept about a finished sequence."""
+        if self.spec_policy is not None:
+            self.spec_policy.forget(seq)
+            self.drafter.forget(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -409,10 +416,8 @@ class Engine:
             if req.finished:
                 req.finished_time = now
                 del self.requests[req.request_id]
-                if self.spec_policy is not None:
-                    for seq in req.seqs:
-                        self.spec_policy.forget(seq)
-                        self.drafter.forget(seq)
+                for seq in req.seqs:
+                    self._forget_drafts(seq)
             outputs.append(self._make_output(req))
         return outputs
 

@@ -202,3 +202,30 @@ def test_draft_with_a_smaller_vocabulary(setup, plain, tmp_path):
     llm, outs = run(path, prompts, speculative_config=spec)
     assert [o.outputs[0].token_ids for o in outs] == plain
     assert llm.engine.spec_stats.num_accepted_tokens > 0
+
+
+def test_ngram_drafter_keeps_each_context_incrementally(setup):
+    """The n-gram drafter appends each step's new tokens to an array it keeps per sequence (no
+    conversion of the whole context each step): the drafts are those of the lookup on the full
+    token list, and a finished or aborted request's array is dropped."""
+    path, _, prompts = setup
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
+              speculative_config=drafters(None)["ngram"])
+    drafter = llm.engine.drafter
+    propose, checked = drafter.propose, []
+
+    def checking(seqs, slots):
+        propose(seqs, slots)
+        for seq, k in zip(seqs, slots):
+            assert seq.draft_token_ids == ngram_propose(seq.all_token_ids, k, drafter.min_n, drafter.max_n)
+            checked.append(seq.seq_id)
+
+    drafter.propose = checking
+    llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+    assert len(checked) > len(prompts) and not drafter.contexts
+    llm.engine.add_request("aborted", {"prompt_token_ids": prompts[0]}, PARAMS)
+    for _ in range(4):
+        llm.engine.step()
+    assert drafter.contexts
+    llm.engine.abort_request("aborted")
+    assert not drafter.contexts and not llm.engine.spec_policy.acceptance

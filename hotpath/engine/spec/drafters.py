@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from hotpath.engine.sequence import Sequence, SequenceStatus
@@ -65,17 +66,35 @@ class NgramDrafter:
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
+        # seq_id -> (its tokens so far in an array with room to grow, how many): built once and
+        # appended to, not converted from the token list every step (O(context) a sequence)
+        self.contexts: dict[int, tuple[np.ndarray, int]] = {}
 
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         for seq, k in zip(seqs, slots):
-            seq.draft_token_ids = ngram_propose(seq.all_token_ids, k, self.min_n, self.max_n)
+            seq.draft_token_ids = ngram_propose(self._context(seq), k, self.min_n, self.max_n)
             seq.draft_probs = None
+
+    def _context(self, seq: Sequence) -> np.ndarray:
+        buf, n = self.contexts.get(seq.seq_id, (np.empty(0, dtype=np.int64), 0))
+        total = seq.num_known_tokens
+        if total > len(buf):
+            grown = np.empty(max(2 * len(buf), total + 256), dtype=np.int64)
+            grown[:n] = buf[:n]
+            buf = grown
+        prompt = len(seq.prompt_token_ids)
+        if n < prompt:
+            buf[n:prompt] = seq.prompt_token_ids[n:]
+            n = prompt
+        buf[n:total] = seq.output_token_ids[n - prompt :]
+        self.contexts[seq.seq_id] = (buf, total)
+        return buf[:total]
 
     def collected(self, step: LaunchedStep) -> None:
         pass
 
     def forget(self, seq: Sequence) -> None:
-        pass
+        self.contexts.pop(seq.seq_id, None)
 
 
 # a draft model at most this many windows of 1 + K tokens behind catches up in graphs (after a
