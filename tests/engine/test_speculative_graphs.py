@@ -46,10 +46,16 @@ def generate(path, prompts, params, graphs: bool, **kwargs):
     return [o.outputs[0].token_ids for o in outs], replays, llm
 
 
+@pytest.fixture(scope="module")
+def plain(setup):
+    path, _, prompts = setup
+    return generate(path, prompts, PARAMS, graphs=False)[0]
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_graph_steps_equal_plain(setup, method):
+def test_graph_steps_equal_plain(setup, plain, method):
     path, draft, prompts = setup
-    want, _, _ = generate(path, prompts, PARAMS, graphs=False)
+    want = plain
     spec = drafters(draft)[method]
     got, replays, llm = generate(path, prompts, PARAMS, graphs=True, speculative_config=spec)
     assert got == want
@@ -70,11 +76,11 @@ def test_graph_steps_equal_plain(setup, method):
     assert llm.engine.spec_stats.num_accepted_tokens > 0
 
 
-def test_draft_model_catches_up_in_graphs_after_plain_steps(setup):
+def test_draft_model_catches_up_in_graphs_after_plain_steps(setup, plain):
     """After steps without drafts (the adaptive policy's k = 0) the draft model is a few tokens
     behind: it catches up in graphs over windows of 1 + K tokens, eagerly only after the prompts."""
     path, draft, prompts = setup
-    want, _, _ = generate(path, prompts, PARAMS, graphs=False)
+    want = plain
     spec = drafters(draft)["draft_model"]
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               max_num_seqs=8, speculative_config=spec)
