@@ -69,13 +69,15 @@ class RowGraphs:
         self.query_len = query_len
         self.sizes = [b for b in GRAPH_BATCH_SIZES if b < max_rows] + [max_rows]
         self.inputs = DecodeInputs(max_rows, max_blocks, scratch_block, block_size, device, query_len=query_len)
-        self.max_model_len, self.num_kv_heads = max_model_len, num_kv_heads
-        self.short_contexts, self.device = short_contexts, device
         self.capture = capture
         # [max_rows * q, vocab] fp32, which every graph copies its logits into (logits=True)
         self.logits = torch.empty((max_rows * query_len, model.config.vocab_size), dtype=torch.float32,
                                   device=device) if logits else None
         self.graphs: dict[tuple[int, int], tuple] = {}  # (size, longest context) -> (graph, output)
+        # size -> the longest contexts its graphs hold, ascending (worked out once: a step's host
+        # time is the verify step's cost beyond the device's)
+        self.buckets = {size: context_buckets(size, num_kv_heads, max_model_len, short_contexts, device)
+                        for size in self.sizes}
 
     @property
     def max_rows(self) -> int:
@@ -84,14 +86,11 @@ class RowGraphs:
     def capture_all(self) -> None:
         """Every (size, context) graph, largest first (smaller graphs reuse their pool's memory)."""
         for size in reversed(self.sizes):
-            for ctx in self._buckets(size):
+            for ctx in self.buckets[size]:
                 with torch.inference_mode():
                     self.inputs.fill([], size)  # the warm-up and capture run on padding rows
                     self.graphs[(size, ctx)] = self.capture(graph_forward(
                         self.model, self.inputs, size, ctx, logits_out=self.logits, keep_logits=False))
-
-    def _buckets(self, size: int) -> list[int]:
-        return context_buckets(size, self.num_kv_heads, self.max_model_len, self.short_contexts, self.device)
 
     def run(self, seqs: list[Sequence], rows: list[tuple[int, list[int]]],
             prev: tuple[torch.Tensor, list[int]] | None = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -103,7 +102,7 @@ class RowGraphs:
         q = self.query_len
         size = next(s for s in self.sizes if s >= len(seqs))
         longest = max(first for first, _ in rows) + q
-        graph, _ = self.graphs[(size, next(c for c in self._buckets(size) if c >= longest))]
+        graph, _ = self.graphs[(size, next(c for c in self.buckets[size] if c >= longest))]
         self.inputs.fill(seqs, size, prev, None, rows)
         graph.replay()
         n = len(seqs) * q
