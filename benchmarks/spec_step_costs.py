@@ -6,7 +6,9 @@ each k in --ks is forced (the engine's policy fixed at k) and the decode steps a
 of one batch's steps after a warm-up. A step with k drafts costs T(k): the draft model's catch-up
 and k - 1 one-token steps (with --draft-preset), and the target's verify step over 1 + k tokens a
 sequence. With --verify-only the drafts are the last token repeated (no draft model): what an
-n-gram step costs (its lookup is host work of tens of microseconds, not counted).
+n-gram step costs (its lookup is host work of tens of microseconds, not counted). With --mtp the
+checkpoint's multi-token-prediction head drafts (a Qwen3-Next / Qwen3.5 shape): T(0) then
+includes the head's catch-up over each step's token, which it runs whether or not it drafts.
 
 With --acceptance (a spec_acceptance.py JSON of the real pair, greedy), the modelled speed-up at
 each k: a draft-model workload's expected tokens a verify step E(k) (the replay of its outputs at
@@ -82,6 +84,7 @@ def main() -> int:
     ap.add_argument("--preset", required=True, help="the target's shape (hotpath.bench.presets)")
     ap.add_argument("--draft-preset", help="the draft model's shape; without it, --verify-only")
     ap.add_argument("--verify-only", action="store_true", help="drafts cost nothing (n-gram's case)")
+    ap.add_argument("--mtp", action="store_true", help="the checkpoint's MTP head drafts (hybrid presets)")
     ap.add_argument("--ks", default="0,1,2,3,4,5,7", help="draft counts to time (0: plain decode)")
     ap.add_argument("--batch-size", type=int, nargs="+", default=[1])
     ap.add_argument("--input-len", type=int, default=512)
@@ -97,8 +100,10 @@ def main() -> int:
         spec = {"method": "draft_model", "model": str(preset_dir(ns.draft_preset))}
     elif ns.verify_only:
         spec = {"method": "ngram"}
+    elif ns.mtp:
+        spec = {"method": "mtp"}
     else:
-        ap.error("give --draft-preset or --verify-only")
+        ap.error("give --draft-preset, --verify-only or --mtp")
     spec.update(num_speculative_tokens=max(ks), adaptive=False)
     engine = Engine(EngineArgs(model=str(preset_dir(ns.preset)), load_format="dummy", skip_tokenizer_init=True,
                                speculative_config=spec))
@@ -106,7 +111,8 @@ def main() -> int:
         engine.drafter = RepeatLastToken()
     results = [step_times(engine, k, bs, ns.input_len, ns.output_len) for bs in ns.batch_size for k in ks]
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "command": " ".join(sys.argv),
-           "target": ns.preset, "draft": ns.draft_preset or "none (drafts cost nothing)", "steps": results}
+           "target": ns.preset, "draft": ns.draft_preset or ("mtp head" if ns.mtp else "none (drafts cost nothing)"),
+           "steps": results}
     for bs in ns.batch_size:
         costs = {r["k"]: r["step_median_s"] for r in results if r["batch_size"] == bs}
         print(f"batch {bs}: " + "  ".join(f"T({k}) = {t * 1e3:.2f} ms" for k, t in costs.items()))

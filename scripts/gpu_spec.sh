@@ -5,7 +5,8 @@
 #            speed-up they model with the real pair's CPU-measured acceptance: the 32B shape
 #            drafted by the 0.5B, the 1.5B by the 0.5B, the 1.5B verifying n-gram drafts
 #   batch    the adaptive choice of k against speculation off at batch 1, 8, 32 and 64
-# Usage: bash scripts/gpu_spec.sh [tests] [costs] [batch]
+#   mtp      the MTP head's step costs on the Qwen3.5-9B shape against plain decode
+# Usage: bash scripts/gpu_spec.sh [tests] [costs] [batch] [mtp]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hotpath-gpu}
@@ -26,6 +27,13 @@ if [[ $what == *" costs "* ]]; then
     --acceptance docs/bench/spec_acceptance_draft_model.json --json "$OUT/spec_costs_1.5b_0.5b.json" 2>&1 | quiet
   timeout 100 $costs --preset qwen2.5-coder-1.5b --verify-only --ks 0,1,2,3,4,5,7 \
     --acceptance docs/bench/spec_acceptance_ngram_edit.json --json "$OUT/spec_costs_1.5b_ngram.json" 2>&1 | quiet
+fi
+if [[ $what == *" mtp "* ]]; then
+  # the MTP head's step costs on a Qwen3.5 shape (no real head here: costs only), against plain decode
+  timeout 150 $bench --preset qwen3.5-9b --batch-size 1 --input-len 512 --output-len 64 \
+    --json "$OUT/spec_mtp_9b_none.json" 2>&1 | quiet
+  timeout 200 python3 benchmarks/spec_step_costs.py --preset qwen3.5-9b --mtp --ks 0,1,2,3 \
+    --json "$OUT/spec_costs_9b_mtp.json" 2>&1 | quiet
 fi
 if [[ $what == *" batch "* ]]; then
   # the automatic choice of k against speculation off, random weights: n-gram on Qwen3-8B, the
