@@ -63,11 +63,24 @@ def test_speculates_where_drafts_are_accepted_and_verify_is_cheap():
 
 
 def test_off_where_drafts_are_rejected_then_measures_again():
+    """While speculation does not pay, it is re-measured after EXPLORE_EVERY steps, then after
+    twice as many, and so on (each re-measurement costs a verify step); once it pays again the
+    interval starts over."""
     batch = seqs(4)
     policy = measured({0: 0.010, K: 0.016}, acceptance=0, batch=batch)
-    choices = [policy.choose(batch) for _ in range(2 * EXPLORE_EVERY)]
-    assert choices.count(K) == 2 and choices.count(0) == 2 * EXPLORE_EVERY - 2
-    assert choices[EXPLORE_EVERY - 1] == K  # every EXPLORE_EVERY-th step re-measures
+    n = EXPLORE_EVERY
+    choices = [policy.choose(batch) for _ in range(7 * n)]
+    assert [i for i, k in enumerate(choices) if k] == [n - 1, 3 * n - 1, 7 * n - 1]
+    assert set(choices) == {0, K}
+    for s in batch:  # the drafts come to be accepted: speculation pays, the interval resets
+        for _ in range(20):
+            policy.record_acceptance(s, K, K)
+    assert policy.choose(batch) == K
+    for s in batch:
+        for _ in range(40):
+            policy.record_acceptance(s, K, 0)
+    choices = [policy.choose(batch) for _ in range(n)]
+    assert choices.count(K) == 1 and choices[-1] == K
 
 
 def test_batch_sizes_are_measured_apart():

@@ -11,16 +11,18 @@ only one side is known the step explores: k = K until T(B, K) is measured (in pu
 while prompts prefill beside them, k = 0), then k = 0. The first
 step timed of each (bucket, k) is dropped (it compiles kernels, allocates; the engine also drops
 steps that captured a graph). When
-k = 0 wins, acceptance is no longer observed, so every EXPLORE_EVERY-th decode step at that
-bucket verifies K drafts again, to see whether it has come to pay (outputs are exact either
-way: only the speed changes).
+k = 0 wins, acceptance is no longer observed, so after EXPLORE_EVERY decode steps at that bucket
+one verifies K drafts again, to see whether it has come to pay (outputs are exact either way:
+only the speed changes); each such step that finds it still does not pay doubles the interval
+(up to MAX_EXPLORE_EVERY), since each costs a verify step's time for about one token.
 """
 
 from __future__ import annotations
 
 from hotpath.engine.sequence import Sequence
 
-EXPLORE_EVERY = 50  # decode steps between re-measurements of speculation while it is off
+EXPLORE_EVERY = 50  # decode steps between re-measurements of speculation while it is off,
+MAX_EXPLORE_EVERY = 800  # doubled after each one that finds it still does not pay, up to this
 EMA = 0.1  # weight of a new measurement in a running mean
 PRIOR_ACCEPTANCE = 0.5
 
@@ -37,6 +39,7 @@ class DraftLengthPolicy:
         self.step_time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds, running mean
         self.acceptance: dict[int, float] = {}  # seq_id -> running mean acceptance of a draft
         self.steps_off: dict[int, int] = {}  # bucket -> decode steps since speculation last ran
+        self.explore_every: dict[int, int] = {}  # bucket -> steps between re-measurements now
         self.first_seen: set[tuple[int, int]] = set()  # (bucket, k) timed once (that step is not kept)
 
     def choose(self, seqs: list[Sequence], prefilling: bool = False) -> int:
@@ -54,9 +57,13 @@ class DraftLengthPolicy:
         best = max(range(K + 1), key=lambda k: self._tokens(accept, k) / self._time(b, k))
         if best == 0:
             self.steps_off[b] = self.steps_off.get(b, 0) + 1
-            if self.steps_off[b] >= EXPLORE_EVERY:
+            every = self.explore_every.get(b, EXPLORE_EVERY)
+            if self.steps_off[b] >= every:
                 self.steps_off[b] = 0
+                self.explore_every[b] = min(2 * every, MAX_EXPLORE_EVERY)
                 return K
+        else:
+            self.explore_every.pop(b, None)
         return best
 
     @staticmethod
