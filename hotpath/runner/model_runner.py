@@ -739,7 +739,7 @@ class ModelRunner:
             return
         ec = self.engine_config
         sets = []
-        if not self.state_layers:
+        if not self.state_layers and self.mtp is None:  # (a verify graph keeps no hidden states)
             sets.append((False, q))
         if self.draft_model is not None and not self.draft_state_layers:
             sets += [(True, q), (True, 1)]
