@@ -1,8 +1,9 @@
 """Speculative steps in graphs (runner/row_graphs.py), run on the CPU: a stand-in replays each
 captured forward eagerly, so everything but the CUDA graph itself is the code a GPU runs. Verify
-steps (rows of 1 + k tokens, rows with fewer drafts padded), the draft model's catch-up over its
-last k + 1 tokens and its one-token steps fed from the last step's argmax on the device: greedy
-output equals the plain engine's, token for token, with the graphs checked to have run."""
+steps (rows of 1 + K tokens, rows with fewer drafts padded), the draft model's catch-up over
+windows of 1 + K tokens and its one-token steps fed from the last step's argmax on the device:
+greedy output equals the plain engine's, token for token, with the graphs checked to have run,
+and the drafts are the eager drafter's."""
 
 import pytest
 from eager_graphs import eager_capture
