@@ -97,9 +97,10 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
     mean_ctx = ns.input_len + ns.output_len / 2
     extra = {}
     if engine.spec_config is not None:
-        drafts, drafted, accepted = (now - was for now, was in zip(
+        rows, drafted, accepted = (now - was for now, was in zip(
             (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens), before))
-        extra = {"spec_verify_steps": drafts, "spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
+        # rows: a sequence's drafts verified in one step (a step of batch B verifies up to B)
+        extra = {"spec_verify_rows": rows, "spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
                  "spec_step_time_s": {f"bs{b}-k{k}": t for (b, k), t in sorted(engine.spec_policy.step_time.items())}}
     return {
         "batch_size": batch_size,

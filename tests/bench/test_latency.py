@@ -28,3 +28,23 @@ def test_engine_flags_override():
     vars(ns).update(given)  # as the engine flags set them
     args = latency.engine_args(ns, "preset-dir")
     assert {name: getattr(args, name) for name in given} == given
+
+
+def test_speculative_steps_count_every_token(tiny_model_factory):
+    """With speculation a step emits several tokens a request: TPOT is the decode time over the
+    tokens each request emitted (not over the steps), and the speculation counters of the timed
+    run come with it."""
+    import argparse
+
+    from hotpath.engine.engine import Engine
+
+    path, _ = tiny_model_factory("qwen2-gqa4-tied")
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "adaptive": False}
+    engine = Engine(EngineArgs(model=str(path), device="cpu", dtype="float32", skip_tokenizer_init=True,
+                               max_model_len=256, speculative_config=spec))
+    ns = argparse.Namespace(input_len=24, output_len=40)
+    res = latency._time_batch(engine, ns, 2)
+    steps = (ns.output_len - 1) / res["tokens_per_step"]
+    assert res["tokens_per_step"] > 1 and res["spec_accepted_tokens"] > 0
+    assert res["spec_verify_rows"] <= 2 * round(steps)  # each step verifies up to one row a request
+    assert res["output_tokens_per_s"] == 2 / res["tpot_s"]
