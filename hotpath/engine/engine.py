@@ -25,7 +25,13 @@ from hotpath.engine.state_snapshots import StateSnapshots
 from hotpath.layers.quant.detect import read_quant_config
 from hotpath.models.registry import read_config
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
-from hotpath.runner.model_runner import LaunchedStep, ModelRunner, SampledToken, is_plain_greedy
+from hotpath.runner.model_runner import (
+    SPEC_GRAPH_MAX_ROWS,
+    LaunchedStep,
+    ModelRunner,
+    SampledToken,
+    is_plain_greedy,
+)
 from hotpath.sampling_params import SamplingParams
 
 logger = logging.getLogger("hotpath")
@@ -119,6 +125,7 @@ class Engine:
         self.spec_policy = None if self.spec_config is None else DraftLengthPolicy(
             self.spec_config.num_speculative_tokens, self.spec_config.adaptive)
         self._step_drafts = 0  # the drafts this step's decoding sequences may verify
+        self._drafting_rows_left = 0  # sequences this step may still give draft slots
         self.scheduler = Scheduler(self.config, self.kv_cache, self._num_draft_slots if self.spec_config else None,
                                    1 + self.runner.num_speculative_tokens)
         self.requests: dict[str, Request] = {}
@@ -153,8 +160,12 @@ class Engine:
 
     def _num_draft_slots(self, seq: Sequence) -> int:
         """Drafts a decoding sequence may verify this step: the step's k, fewer near max_tokens
-        (a step emits at most drafts + 1 tokens)."""
-        return max(0, min(self._step_drafts, seq.max_tokens - seq.num_output_tokens - 1))
+        (a step emits at most drafts + 1 tokens), none past SPEC_GRAPH_MAX_ROWS sequences."""
+        if self._drafting_rows_left <= 0:
+            return 0
+        slots = max(0, min(self._step_drafts, seq.max_tokens - seq.num_output_tokens - 1))
+        self._drafting_rows_left -= slots > 0
+        return slots
 
     def _resolve_dtype(self, dtype: str) -> torch.dtype:
         if dtype == "auto":
@@ -279,6 +290,7 @@ class Engine:
             decoding = [s for s in self.scheduler.running if s.is_decoding]
             prefilling = len(decoding) < len(self.scheduler.running) or bool(self.scheduler.waiting)
             self._step_drafts = self.spec_policy.choose(decoding, prefilling)
+            self._drafting_rows_left = SPEC_GRAPH_MAX_ROWS
         sched = self.scheduler.schedule()
         touched: dict[str, Request] = {}
         prev, self._in_flight = self._in_flight, None

@@ -86,8 +86,9 @@ class Replayable(Protocol):
 # that holds its longest context.
 SHORT_CONTEXT_GRAPHS = (1024, 2048)
 
-# the most rows a speculative step runs as a graph (a verify graph's logits buffer takes rows x
-# (1 + K) x vocab fp32); bigger batches verify eagerly, where speculation seldom pays anyway
+# the most sequences that verify drafts in one step (the engine gives the rest none that step):
+# the speculative graphs' rows (a verify graph's logits buffer takes rows x (1 + K) x vocab fp32),
+# and the verify rows whose states a hybrid model keeps for the rollback (budgeted for this many)
 SPEC_GRAPH_MAX_ROWS = 64
 
 # records a decode forward once: (something to replay it with, its logits output tensor)
@@ -267,9 +268,17 @@ class ModelRunner:
         cfg, ec = self.model_config, self.engine_config
         per_token = (4 * cfg.hidden_size + cfg.activation_width()) * self.dtype.itemsize
         logits = ec.max_num_seqs * cfg.vocab_size * 4 * 4
-        # speculative graphs: the verify graphs' logits buffer and one graph's logits in the pool
-        spec = 2 * min(ec.max_num_seqs, SPEC_GRAPH_MAX_ROWS) * (1 + self.num_speculative_tokens) * cfg.vocab_size * 4
-        return ec.max_num_batched_tokens * per_token + logits + (spec if self.num_speculative_tokens else 0) + 512 * 2**20
+        spec = 0
+        if self.num_speculative_tokens:
+            rows = min(ec.max_num_seqs, SPEC_GRAPH_MAX_ROWS)
+            tokens = rows * (1 + self.num_speculative_tokens)
+            # the verify graphs' logits buffer and one graph's logits in the pool
+            spec = 2 * tokens * cfg.vocab_size * 4
+            for layer in self.state_layers:  # a hybrid's verify rows: states before the step, inputs
+                s = layer.cache_spec()
+                spec += rows * s.bytes_per_slot(self.dtype) + tokens * (2 * s.conv_dim * self.dtype.itemsize
+                                                                        + 2 * s.num_v_heads * 4)
+        return ec.max_num_batched_tokens * per_token + logits + spec + 512 * 2**20
 
     def _allocate_kv_cache(self) -> None:
         # one block more than the manager hands out: padding rows of a CUDA graph batch write there

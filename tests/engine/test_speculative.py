@@ -229,3 +229,19 @@ def test_ngram_drafter_keeps_each_context_incrementally(setup):
     assert drafter.contexts
     llm.engine.abort_request("aborted")
     assert not drafter.contexts and not llm.engine.spec_policy.acceptance
+
+
+def test_at_most_so_many_sequences_draft_in_a_step(setup, plain, monkeypatch):
+    """Past SPEC_GRAPH_MAX_ROWS decoding sequences (the speculative graphs' rows, the verify rows a
+    hybrid keeps states for) the rest decode plainly in that step; outputs are unchanged."""
+    from hotpath.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "SPEC_GRAPH_MAX_ROWS", 2)
+    path, draft, prompts = setup
+    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
+              speculative_config=drafters(draft)["draft_model"])
+    propose, rows = llm.engine.drafter.propose, []
+    llm.engine.drafter.propose = lambda seqs, slots: rows.append(len(seqs)) or propose(seqs, slots)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert rows and max(rows) == 2
