@@ -8,10 +8,10 @@ int32 elements):
     [ row sources 2n | block tables s x w | out slot 2 | context lens s | positions 2sq | slots 2sq |
       state slots 2s | token ids ]   (token ids start at `ids_offset`)
 
-Rows are `query_len` (q) tokens each: 1 for decode graphs; 1 + k for a speculative step's graphs
-(a verify step's last token and k drafts; a draft model's catch-up over its last q tokens), whose
-rows with fewer tokens are padded to q at the positions after them, inside the blocks the
-scheduler reserved (their K/V and logits are never read).
+Rows are `query_len` (q) tokens each: 1 for decode graphs; 1 + K for a speculative step's graphs
+(a verify step's last token and up to K drafts; a draft model's catch-up over windows of q
+tokens), whose rows with fewer tokens are padded to q at the positions after them, inside the
+blocks the scheduler keeps for 1 + K tokens (their K/V and logits are never read).
 
 The state slots (ForwardBatch.state_slots: each row's slot in the linear-attention layers' state
 pools) are there only for hybrid models (`scratch_state_slot` given); otherwise that section is

@@ -160,7 +160,6 @@ class ModelRunner:
         # tensors of its own, sized and allocated with the target's (engine/spec/drafters.py)
         self.draft_model = None if draft is None else load_model(
             draft[0], draft[1], load_format, device, dtype, engine_config.max_model_len, seed + 1)
-        self.draft_config = None if draft is None else draft[0]
         # speculative decoding's multi-token-prediction head (models/mtp.py): the checkpoint's
         # mtp.* layer on the target's embedding and LM head, its K/V beside the target's
         self.mtp = None if not mtp else load_mtp(
@@ -210,7 +209,7 @@ class ModelRunner:
         self.graphs: dict[int, tuple[Replayable, torch.Tensor]] = {}  # batch size -> (graph, logits)
         # batch size -> [(longest context, graph, logits)], ascending: graphs for short contexts
         self.short_graphs: dict[int, list[tuple[int, Replayable, torch.Tensor]]] = {}
-        # speculative steps' graphs, captured on first use: (draft model?, q) -> RowGraphs
+        # speculative steps' graphs, captured with the decode graphs: (draft model?, q) -> RowGraphs
         self.row_graphs: dict[tuple[bool, int], RowGraphs] = {}
         self._capture: Capture | None = None  # how graphs are recorded; None: every step eager
         # the reference ops read lengths on the host, which a graph capture cannot hold (hybrids
@@ -753,11 +752,10 @@ class ModelRunner:
         if self.draft_model is not None and not self.draft_state_layers:
             sets += [(True, q), (True, 1)]
         for draft, query_len in sets:
-            cfg = self.draft_config if draft else self.model_config
             graphs = RowGraphs(
                 self.draft_model if draft else self.model, query_len, min(ec.max_num_seqs, SPEC_GRAPH_MAX_ROWS),
                 -(-ec.max_model_len // self.block_size), self.scratch_block, self.block_size, self.device,
-                ec.max_model_len, cfg.num_key_value_heads, SHORT_CONTEXT_GRAPHS, self._capture, logits=not draft)
+                ec.max_model_len, SHORT_CONTEXT_GRAPHS, self._capture, logits=not draft)
             graphs.capture_all()
             self.row_graphs[(draft, query_len)] = graphs
 

@@ -63,7 +63,7 @@ def context_buckets(size: int, num_kv_heads: int, max_len: int, short: tuple[int
 class RowGraphs:
     def __init__(self, model: torch.nn.Module, query_len: int, max_rows: int, max_blocks: int,
                  scratch_block: int, block_size: int, device: torch.device, max_model_len: int,
-                 num_kv_heads: int, short_contexts: tuple[int, ...],
+                 short_contexts: tuple[int, ...],
                  capture: Callable[[Callable[[], torch.Tensor]], tuple], logits: bool) -> None:
         self.model = model
         self.query_len = query_len
@@ -76,7 +76,8 @@ class RowGraphs:
         self.graphs: dict[tuple[int, int], tuple] = {}  # (size, longest context) -> (graph, output)
         # size -> the longest contexts its graphs hold, ascending (worked out once: a step's host
         # time is the verify step's cost beyond the device's)
-        self.buckets = {size: context_buckets(size, num_kv_heads, max_model_len, short_contexts, device)
+        kv_heads = model.config.num_key_value_heads
+        self.buckets = {size: context_buckets(size, kv_heads, max_model_len, short_contexts, device)
                         for size in self.sizes}
 
     @property

@@ -8,10 +8,9 @@ chunk) and keeps a running mean per (batch-size bucket, k). The step takes the k
 maximises sum(E_s(k)) / T(B, k). T(B, k) not measured yet is interpolated linearly between the
 measured k nearest below and above (verify and draft work grow about linearly in k), and where
 only one side is known the step explores: k = K until T(B, K) is measured (in pure decode steps:
-while prompts prefill beside them, k = 0), then k = 0. The first
-step timed of each (bucket, k) is dropped (it compiles kernels, allocates; the engine also drops
-steps that captured a graph). When
-k = 0 wins, acceptance is no longer observed, so after EXPLORE_EVERY decode steps at that bucket
+while prompts prefill beside them, k = 0), then k = 0. The first step timed of each (bucket, k) is
+dropped (it compiles kernels, allocates). When k = 0 wins, acceptance is no longer observed, so
+after EXPLORE_EVERY decode steps at that bucket
 one verifies K drafts again, to see whether it has come to pay (outputs are exact either way:
 only the speed changes); each such step that finds it still does not pay doubles the interval
 (up to MAX_EXPLORE_EVERY), since each costs a verify step's time for about one token.
@@ -21,8 +20,8 @@ from __future__ import annotations
 
 from hotpath.engine.sequence import Sequence
 
-EXPLORE_EVERY = 50  # decode steps between re-measurements of speculation while it is off,
-MAX_EXPLORE_EVERY = 800  # doubled after each one that finds it still does not pay, up to this
+EXPLORE_EVERY = 50  # decode steps before speculation is re-measured while it is off; doubled
+MAX_EXPLORE_EVERY = 800  # after each re-measurement that finds it still does not pay, up to this
 EMA = 0.1  # weight of a new measurement in a running mean
 PRIOR_ACCEPTANCE = 0.5
 
