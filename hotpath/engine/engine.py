@@ -306,6 +306,7 @@ class Engine:
             timed = bool(scheduled) and all(seq.is_decoding for seq, _ in scheduled)
             scheduled = self._propose(scheduled)
             timed = timed and self.drafter.caught_up <= 1 + self.spec_config.num_speculative_tokens
+            drafts = max((n - 1 for _, n in scheduled), default=0)  # the step's k, as verified
         if scheduled:
             overlap = self._can_overlap(scheduled)
             launched = self._launch(scheduled, prev)
@@ -317,7 +318,9 @@ class Engine:
         if prev is not None:
             self._collect(prev, touched)
         if timed:  # the step's time, for the choice of k at this batch size
-            self.spec_policy.record_step(len(scheduled), self._step_drafts, time.perf_counter() - start)
+            self.spec_policy.record_step(len(scheduled), drafts, time.perf_counter() - start)
+        if self.spec_policy is not None and self.spec_policy.exploring is not None:
+            self.spec_policy.record_exploration(time.perf_counter() - start)  # drafters' catch-up too
         return self._outputs(touched)
 
     def _propose(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
@@ -328,6 +331,9 @@ class Engine:
         if not drafting:
             return scheduled
         self.drafter.propose([seq for seq, _ in drafting], [k for _, k in drafting])
+        for seq, k in drafting:
+            if not seq.draft_token_ids:  # slots that gained nothing (no n-gram match) count as a miss
+                self.spec_policy.record_acceptance(seq, k, 0)
         ids = {seq.seq_id for seq, _ in drafting}
         return [(seq, 1 + len(seq.draft_token_ids)) if seq.seq_id in ids else (seq, n) for seq, n in scheduled]
 

@@ -5,7 +5,7 @@ import pytest
 
 from hotpath import LLM, SamplingParams
 from hotpath.engine.sequence import Sequence
-from hotpath.engine.spec.policy import EXPLORE_EVERY, DraftLengthPolicy
+from hotpath.engine.spec.policy import EXPLORE_BUDGET, EXPLORE_EVERY, DraftLengthPolicy
 
 K = 4
 
@@ -81,6 +81,68 @@ def test_off_where_drafts_are_rejected_then_measures_again():
             policy.record_acceptance(s, K, 0)
     choices = [policy.choose(batch) for _ in range(n)]
     assert choices.count(K) == 1 and choices[-1] == K
+
+
+def test_a_costly_exploration_waits_longer():
+    """A re-measurement whose step cost much more than a plain one (a draft model catching up on
+    the tokens of the plain steps) puts the next one off until that cost is EXPLORE_BUDGET of
+    the plain steps' time in between."""
+    batch = seqs(4)
+    policy = measured({0: 0.010, K: 0.016}, acceptance=0, batch=batch)
+    choices = [policy.choose(batch) for _ in range(EXPLORE_EVERY)]
+    assert choices[-1] == K and policy.exploring == 4
+    policy.record_exploration(0.010 + 0.2)  # 0.2 s beyond a plain step
+    assert policy.exploring is None
+    wait = round(0.2 / (EXPLORE_BUDGET * 0.010))
+    choices = [policy.choose(batch) for _ in range(wait)]
+    assert choices.count(K) == 1 and choices[-1] == K
+    policy.record_exploration(0.016)  # cheap this time: the interval stays (doubling stops at 800)
+    assert policy.explore_every[4] == wait
+
+
+def test_no_exploration_while_prompts_prefill():
+    """A re-measurement due while prompts prefill beside the decodes waits for a pure decode
+    step (the step's time would count the prefill)."""
+    batch = seqs(4)
+    policy = measured({0: 0.010, K: 0.016}, acceptance=0, batch=batch)
+    assert K not in [policy.choose(batch, prefilling=True) for _ in range(3 * EXPLORE_EVERY)]
+    assert policy.choose(batch) == K
+
+
+def test_sequences_without_promise_are_not_explored():
+    """Where each sequence's drafts have missed (an n-gram drafter finding no match counts as a
+    miss), not even free drafts would pay: k = 0 before the verify step was ever timed, and
+    speculation is tried again only after EXPLORE_EVERY steps."""
+    batch = seqs(2)
+    policy = DraftLengthPolicy(K)
+    for s in batch:
+        for _ in range(12):
+            policy.record_acceptance(s, K, 0)
+    choices = [policy.choose(batch) for _ in range(EXPLORE_EVERY)]
+    assert choices.count(K) == 1 and choices[-1] == K
+    assert policy.choose(seqs(3)[2:]) == K  # a new sequence (the prior) is worth trying
+
+
+def test_ngram_without_matches_counts_misses(tiny_model_factory):
+    """A decoding sequence given draft slots for which the n-gram drafter found no match has its
+    acceptance lowered, as for a rejected draft: the policy learns that such steps gain nothing
+    (they wait for the step before, which a plain step does not)."""
+    path, _ = tiny_model_factory("qwen2-gqa4-tied")
+    llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=128,
+              speculative_config={"method": "ngram", "num_speculative_tokens": K,
+                                  "prompt_lookup_min": 4, "prompt_lookup_max": 4})
+    engine = llm.engine
+    engine.add_request("r", {"prompt_token_ids": list(range(3, 40))},  # no 4-gram repeats
+                       SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    seq = engine.requests["r"].seqs[0]
+    misses, last = 0, 0.5
+    while engine.has_unfinished_requests():
+        drafted = seq.num_drafted
+        engine.step()
+        now = engine.spec_policy.acceptance.get(seq.seq_id, last)
+        misses += now < last and seq.num_drafted == drafted  # lowered with no draft verified
+        last = now
+    assert misses >= 2
 
 
 def test_batch_sizes_are_measured_apart():

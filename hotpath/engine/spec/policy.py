@@ -8,22 +8,34 @@ chunk) and keeps a running mean per (batch-size bucket, k). The step takes the k
 maximises sum(E_s(k)) / T(B, k). T(B, k) not measured yet is interpolated linearly between the
 measured k nearest below and above (verify and draft work grow about linearly in k), and where
 only one side is known the step explores: k = K until T(B, K) is measured (in pure decode steps:
-while prompts prefill beside them, k = 0), then k = 0. The first step timed of each (bucket, k) is
+while prompts prefill beside them, k = 0; and only while even free drafts would add MIN_GAIN
+tokens a sequence), then k = 0. The first step timed of each (bucket, k) is
 dropped (it compiles kernels, allocates). When k = 0 wins, acceptance is no longer observed, so
-after EXPLORE_EVERY decode steps at that bucket
-one verifies K drafts again, to see whether it has come to pay (outputs are exact either way:
+after EXPLORE_EVERY decode steps at that bucket (the next pure decode step) one verifies K drafts
+again, to see whether it has come to pay (outputs are exact either way:
 only the speed changes); each such step that finds it still does not pay doubles the interval
-(up to MAX_EXPLORE_EVERY), since each costs a verify step's time for about one token.
+(up to MAX_EXPLORE_EVERY), since each costs a verify step's time for about one token. Its whole
+time is measured too (a draft model first catches up on every token of the plain steps, its
+prompt's as well): the next one waits long enough that what it cost beyond a plain step is at
+most EXPLORE_BUDGET of the plain steps' time in between.
+
+A sequence given draft slots for which the drafter proposed nothing (no n-gram match) counts as a
+draft rejected: such a step gained nothing, and waited for the step before it (a drafter needs
+its tokens), where a plain step would not have.
 """
 
 from __future__ import annotations
+
+import math
 
 from hotpath.engine.sequence import Sequence
 
 EXPLORE_EVERY = 50  # decode steps before speculation is re-measured while it is off; doubled
 MAX_EXPLORE_EVERY = 800  # after each re-measurement that finds it still does not pay, up to this
+EXPLORE_BUDGET = 0.01  # of the plain steps' time: what an exploration may cost beyond one of them
 EMA = 0.1  # weight of a new measurement in a running mean
 PRIOR_ACCEPTANCE = 0.5
+MIN_GAIN = 0.05  # tokens a sequence a step that drafts must promise (free of cost) to be tried
 
 
 def bucket(batch_size: int) -> int:
@@ -40,26 +52,30 @@ class DraftLengthPolicy:
         self.steps_off: dict[int, int] = {}  # bucket -> decode steps since speculation last ran
         self.explore_every: dict[int, int] = {}  # bucket -> steps between re-measurements now
         self.first_seen: set[tuple[int, int]] = set()  # (bucket, k) timed once (that step is not kept)
+        self.exploring: int | None = None  # the bucket whose re-measurement this step is
 
     def choose(self, seqs: list[Sequence], prefilling: bool = False) -> int:
         """The number of drafts this step's decoding sequences verify. `prefilling`: prompts
         may run beside them (a step that is not timed: nothing unmeasured is tried then)."""
         if not self.adaptive or not seqs:
             return self.max_drafts
-        b = bucket(len(seqs))
-        K = self.max_drafts
-        if (b, K) not in self.step_time:
-            return 0 if prefilling else K
-        if (b, 0) not in self.step_time:
-            return 0
+        b, K = bucket(len(seqs)), self.max_drafts
         accept = [self.acceptance.get(s.seq_id, PRIOR_ACCEPTANCE) for s in seqs]
-        best = max(range(K + 1), key=lambda k: self._tokens(accept, k) / self._time(b, k))
+        if (b, K) not in self.step_time:  # explored, unless even free drafts would gain nothing
+            if self._tokens(accept, K) >= (1 + MIN_GAIN) * len(seqs):
+                return 0 if prefilling else K
+            best = 0
+        elif (b, 0) not in self.step_time:
+            return 0
+        else:
+            best = max(range(K + 1), key=lambda k: self._tokens(accept, k) / self._time(b, k))
         if best == 0:
             self.steps_off[b] = self.steps_off.get(b, 0) + 1
             every = self.explore_every.get(b, EXPLORE_EVERY)
-            if self.steps_off[b] >= every:
+            if self.steps_off[b] >= every and not prefilling:
                 self.steps_off[b] = 0
-                self.explore_every[b] = min(2 * every, MAX_EXPLORE_EVERY)
+                self.explore_every[b] = max(every, min(2 * every, MAX_EXPLORE_EVERY))
+                self.exploring = b
                 return K
         else:
             self.explore_every.pop(b, None)
@@ -85,6 +101,14 @@ class DraftLengthPolicy:
             return
         old = self.step_time.get(key)
         self.step_time[key] = seconds if old is None else old + EMA * (seconds - old)
+
+    def record_exploration(self, seconds: float) -> None:
+        """The whole time of the re-measurement step choose() last returned."""
+        b, self.exploring = self.exploring, None
+        plain = self.step_time.get((b, 0))
+        if plain is not None:
+            steps = math.ceil((seconds - plain) / (EXPLORE_BUDGET * plain))
+            self.explore_every[b] = max(self.explore_every[b], steps)
 
     def record_acceptance(self, seq: Sequence, drafts: int, accepted: int) -> None:
         """A verify row: `accepted` of `drafts` kept (a draft after a rejection is not tried)."""
