@@ -19,7 +19,7 @@ from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence
 from hotpath.engine.spec.config import SpeculativeConfig
 from hotpath.engine.spec.drafters import make_drafter
-from hotpath.engine.spec.policy import DraftLengthPolicy
+from hotpath.engine.spec.policy import CATCH_UP_TIMED, DraftLengthPolicy
 from hotpath.engine.spec.stats import SpecStats
 from hotpath.engine.state_snapshots import StateSnapshots
 from hotpath.layers.quant.detect import read_quant_config
@@ -289,7 +289,7 @@ class Engine:
         if self.spec_policy is not None:
             decoding = [s for s in self.scheduler.running if s.is_decoding]
             prefilling = len(decoding) < len(self.scheduler.running) or bool(self.scheduler.waiting)
-            self._step_drafts = self.spec_policy.choose(decoding, prefilling)
+            self._step_drafts = self.spec_policy.choose(decoding, prefilling, self.drafter.behind(decoding))
             self._drafting_rows_left = SPEC_GRAPH_MAX_ROWS
         sched = self.scheduler.schedule()
         touched: dict[str, Request] = {}
@@ -330,7 +330,11 @@ class Engine:
         drafting = [(seq, n - 1) for seq, n in scheduled if n > 1 and seq.is_decoding]
         if not drafting:
             return scheduled
-        self.drafter.propose([seq for seq, _ in drafting], [k for _, k in drafting])
+        seqs = [seq for seq, _ in drafting]
+        behind, start = self.drafter.behind(seqs), time.perf_counter()
+        self.drafter.propose(seqs, [k for _, k in drafting])  # ends with the drafts on the host
+        if behind >= CATCH_UP_TIMED:  # a long catch-up (a prompt): its cost a token, for the policy
+            self.spec_policy.record_catch_up(behind, time.perf_counter() - start)
         for seq, k in drafting:
             if not seq.draft_token_ids:  # slots that gained nothing (no n-gram match) count as a miss
                 self.spec_policy.record_acceptance(seq, k, 0)

@@ -100,6 +100,19 @@ def test_a_costly_exploration_waits_longer():
     assert policy.explore_every[4] == wait
 
 
+def test_a_long_catch_up_is_predicted():
+    """A draft model far behind (it skipped the plain steps, and maybe a prompt) re-measures only
+    once the tokens it would catch up on, at its measured cost a token, are EXPLORE_BUDGET of the
+    plain steps' time since speculation last ran."""
+    batch = seqs(4)
+    policy = measured({0: 0.010, K: 0.016}, acceptance=0, batch=batch)
+    policy.record_catch_up(1000, 0.1)  # 0.1 ms a token
+    behind = 2000  # 0.2 s to catch up: 2,000 plain steps' time at 1%
+    choices = [policy.choose(batch, behind=behind) for _ in range(4500)]
+    assert [i for i, k in enumerate(choices) if k] == [1999, 3999]
+    assert policy.choose(batch, behind=0) == K  # 500 steps since: past the interval (100)
+
+
 def test_no_exploration_while_prompts_prefill():
     """A re-measurement due while prompts prefill beside the decodes waits for a pure decode
     step (the step's time would count the prefill)."""
@@ -176,7 +189,7 @@ def test_adaptive_engine_output_equals_plain(tiny_model_factory):
     """The default (adaptive) path: some steps verify drafts and some do not; greedy output is
     the plain engine's either way."""
     path, hf_model = tiny_model_factory("qwen2-gqa4-tied")
-    prompts = [[5 + i, 9, 13, 5 + i, 9, 13, 5 + i, 9] for i in range(4)]
+    prompts = [[5 + i, 9, 13, 5 + i, 9, 13, 5 + i, 9] * 3 for i in range(4)]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
     def run(**kw):
@@ -189,3 +202,4 @@ def test_adaptive_engine_output_equals_plain(tiny_model_factory):
     assert got == want
     times = llm.engine.spec_policy.step_time
     assert (4, K) in times and (4, 0) in times  # both ends measured at this batch size
+    assert llm.engine.spec_policy.catch_up_cost > 0  # the draft's catch-up on the prompts, timed

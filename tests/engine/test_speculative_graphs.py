@@ -88,7 +88,7 @@ def test_draft_model_catches_up_in_graphs_after_plain_steps(setup, plain):
     engine = llm.engine
     engine.runner._capture_decode_graphs(capture=eager_capture)
     turn = iter(range(10**6))
-    engine.spec_policy.choose = lambda seqs, prefilling=False: spec["num_speculative_tokens"] if next(turn) % 4 == 3 else 0
+    engine.spec_policy.choose = lambda seqs, prefilling=False, behind=0: spec["num_speculative_tokens"] if next(turn) % 4 == 3 else 0
     eager, behind = [], []
     catch_up, in_graphs = engine.drafter._catch_up, engine.drafter._in_graphs
     engine.drafter._catch_up = lambda seqs, probs: eager.append(len(seqs)) or catch_up(seqs, probs)

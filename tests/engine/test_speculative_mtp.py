@@ -100,7 +100,7 @@ def test_decode_graphs_leave_the_hidden_states(setup):
     # every other step plain (as the adaptive policy's k = 0), so decodes run in the graphs
     choose = llm.engine.spec_policy.choose
     turn = iter(range(10**6))
-    llm.engine.spec_policy.choose = lambda seqs, prefilling=False: 0 if next(turn) % 2 else choose(seqs, prefilling)
+    llm.engine.spec_policy.choose = lambda seqs, prefilling=False, behind=0: 0 if next(turn) % 2 else choose(seqs, prefilling)
     got = drafts_proposed(llm, prompts[:3], PARAMS)
     assert replays
     # after a plain step the head caught up on it: the drafts at the contexts both runs drafted at

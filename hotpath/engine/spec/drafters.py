@@ -27,6 +27,9 @@ class Drafter(Protocol):
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         """Drafts for each decoding sequence, at most slots[i] of them."""
 
+    def behind(self, seqs: list[Sequence]) -> int:
+        """The tokens propose() would run through before drafting for seqs."""
+
     def collected(self, step: LaunchedStep) -> None:
         """A step's tokens reached the host (and were appended)."""
 
@@ -90,6 +93,9 @@ class NgramDrafter:
         self.contexts[seq.seq_id] = (buf, total)
         return buf[:total]
 
+    def behind(self, seqs: list[Sequence]) -> int:
+        return 0
+
     def collected(self, step: LaunchedStep) -> None:
         pass
 
@@ -139,6 +145,9 @@ class DraftModelDrafter:
                     for seq, n in zip(seqs, slots) if n > i]
             self._step(rows, probs)
         set_draft_probs(seqs, probs)
+
+    def behind(self, seqs: list[Sequence]) -> int:
+        return sum(seq.num_tokens - seq.num_draft_computed for seq in seqs)
 
     def collected(self, step: LaunchedStep) -> None:
         pass
@@ -299,6 +308,9 @@ class MtpDrafter:
             hidden = hidden.index_copy(0, at, out)
             draft_tokens(self.mtp.compute_logits(out), [rows[r].seq for r in order], probs)
         set_draft_probs([seq for seq, _ in ready], probs)
+
+    def behind(self, seqs: list[Sequence]) -> int:
+        return 0  # caught up as each step is collected
 
     def forget(self, seq: Sequence) -> None:
         self.last.pop(seq.seq_id, None)

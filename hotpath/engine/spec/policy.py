@@ -17,7 +17,9 @@ only the speed changes); each such step that finds it still does not pay doubles
 (up to MAX_EXPLORE_EVERY), since each costs a verify step's time for about one token. Its whole
 time is measured too (a draft model first catches up on every token of the plain steps, its
 prompt's as well): the next one waits long enough that what it cost beyond a plain step is at
-most EXPLORE_BUDGET of the plain steps' time in between.
+most EXPLORE_BUDGET of the plain steps' time in between; and a draft model's catch-up, timed
+a token whenever it is long (a prompt), is predicted: a re-measurement waits until the tokens
+it would catch up on cost at most that share of the plain steps' time since the last one.
 
 A sequence given draft slots for which the drafter proposed nothing (no n-gram match) counts as a
 draft rejected: such a step gained nothing, and waited for the step before it (a drafter needs
@@ -35,6 +37,7 @@ MAX_EXPLORE_EVERY = 800  # after each re-measurement that finds it still does no
 EXPLORE_BUDGET = 0.01  # of the plain steps' time: what an exploration may cost beyond one of them
 EMA = 0.1  # weight of a new measurement in a running mean
 PRIOR_ACCEPTANCE = 0.5
+CATCH_UP_TIMED = 64  # tokens: a drafter's catch-up at least this long is timed, a token
 MIN_GAIN = 0.05  # tokens a sequence a step that drafts must promise (free of cost) to be tried
 
 
@@ -53,10 +56,12 @@ class DraftLengthPolicy:
         self.explore_every: dict[int, int] = {}  # bucket -> steps between re-measurements now
         self.first_seen: set[tuple[int, int]] = set()  # (bucket, k) timed once (that step is not kept)
         self.exploring: int | None = None  # the bucket whose re-measurement this step is
+        self.catch_up_cost: float | None = None  # seconds a token a drafter catches up on, running mean
 
-    def choose(self, seqs: list[Sequence], prefilling: bool = False) -> int:
+    def choose(self, seqs: list[Sequence], prefilling: bool = False, behind: int = 0) -> int:
         """The number of drafts this step's decoding sequences verify. `prefilling`: prompts
-        may run beside them (a step that is not timed: nothing unmeasured is tried then)."""
+        may run beside them (a step that is not timed: nothing unmeasured is tried then);
+        `behind`: the tokens the drafter would catch up on before drafting for them."""
         if not self.adaptive or not seqs:
             return self.max_drafts
         b, K = bucket(len(seqs)), self.max_drafts
@@ -72,7 +77,7 @@ class DraftLengthPolicy:
         if best == 0:
             self.steps_off[b] = self.steps_off.get(b, 0) + 1
             every = self.explore_every.get(b, EXPLORE_EVERY)
-            if self.steps_off[b] >= every and not prefilling:
+            if self.steps_off[b] >= every and not prefilling and self._catch_up_fits(b, behind):
                 self.steps_off[b] = 0
                 self.explore_every[b] = max(every, min(2 * every, MAX_EXPLORE_EVERY))
                 self.exploring = b
@@ -101,6 +106,18 @@ class DraftLengthPolicy:
             return
         old = self.step_time.get(key)
         self.step_time[key] = seconds if old is None else old + EMA * (seconds - old)
+
+    def _catch_up_fits(self, b: int, behind: int) -> bool:
+        plain = self.step_time.get((b, 0))
+        if self.catch_up_cost is None or plain is None:
+            return True
+        return self.catch_up_cost * behind <= EXPLORE_BUDGET * self.steps_off[b] * plain
+
+    def record_catch_up(self, tokens: int, seconds: float) -> None:
+        """A drafter ran through `tokens` tokens (at least CATCH_UP_TIMED) and drafted in `seconds`."""
+        cost = seconds / tokens
+        old = self.catch_up_cost
+        self.catch_up_cost = cost if old is None else old + EMA * (cost - old)
 
     def record_exploration(self, seconds: float) -> None:
         """The whole time of the re-measurement step choose() last returned."""
