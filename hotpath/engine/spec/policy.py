@@ -21,7 +21,9 @@ most EXPLORE_BUDGET of the plain steps' time in between; and a draft model's cat
 a token whenever it is long (a prompt), is predicted: a re-measurement waits until the tokens
 it would catch up on cost at most that share of the plain steps' time since the last one.
 
-A sequence given draft slots for which the drafter proposed nothing (no n-gram match) counts as a
+A new sequence starts from the running mean acceptance of every sequence's rows so far (the
+workload's; PRIOR_ACCEPTANCE before any), so that new requests on a server whose drafts miss are
+not each tried anew. A sequence given draft slots for which the drafter proposed nothing (no n-gram match) counts as a
 draft rejected: such a step gained nothing, and waited for the step before it (a drafter needs
 its tokens), where a plain step would not have.
 """
@@ -36,7 +38,7 @@ EXPLORE_EVERY = 50  # decode steps before speculation is re-measured while it is
 MAX_EXPLORE_EVERY = 800  # after each re-measurement that finds it still does not pay, up to this
 EXPLORE_BUDGET = 0.01  # of the plain steps' time: what an exploration may cost beyond one of them
 EMA = 0.1  # weight of a new measurement in a running mean
-PRIOR_ACCEPTANCE = 0.5
+PRIOR_ACCEPTANCE = 0.5  # a new sequence's acceptance before any has been measured
 CATCH_UP_TIMED = 64  # tokens: a drafter's catch-up at least this long is timed, a token
 MIN_GAIN = 0.05  # tokens a sequence a step that drafts must promise (free of cost) to be tried
 
@@ -52,6 +54,7 @@ class DraftLengthPolicy:
         self.adaptive = adaptive
         self.step_time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds, running mean
         self.acceptance: dict[int, float] = {}  # seq_id -> running mean acceptance of a draft
+        self.prior = PRIOR_ACCEPTANCE  # a new sequence's: the running mean over every sequence's rows
         self.steps_off: dict[int, int] = {}  # bucket -> decode steps since speculation last ran
         self.explore_every: dict[int, int] = {}  # bucket -> steps between re-measurements now
         self.first_seen: set[tuple[int, int]] = set()  # (bucket, k) timed once (that step is not kept)
@@ -65,7 +68,7 @@ class DraftLengthPolicy:
         if not self.adaptive or not seqs:
             return self.max_drafts
         b, K = bucket(len(seqs)), self.max_drafts
-        accept = [self.acceptance.get(s.seq_id, PRIOR_ACCEPTANCE) for s in seqs]
+        accept = [self.acceptance.get(s.seq_id, self.prior) for s in seqs]
         if (b, K) not in self.step_time:  # explored, unless even free drafts would gain nothing
             if self._tokens(accept, K) >= (1 + MIN_GAIN) * len(seqs):
                 return 0 if prefilling else K
@@ -131,8 +134,9 @@ class DraftLengthPolicy:
         """A verify row: `accepted` of `drafts` kept (a draft after a rejection is not tried)."""
         tried = min(drafts, accepted + 1)
         rate = accepted / tried
-        old = self.acceptance.get(seq.seq_id, PRIOR_ACCEPTANCE)
+        old = self.acceptance.get(seq.seq_id, self.prior)
         self.acceptance[seq.seq_id] = old + 0.3 * (rate - old)
+        self.prior += EMA * (rate - self.prior)
 
     def forget(self, seq: Sequence) -> None:
         self.acceptance.pop(seq.seq_id, None)
