@@ -56,3 +56,23 @@ def poisoned(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: fill(empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(empty_like(*a, **kw)))
+
+
+
+_cross_compile = []  # test_cross_compile's module, when the session runs its cases
+
+
+def pytest_collection_finish(session):
+    """test_cross_compile's children start compiling as soon as its cases are known."""
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if item.path.name == "test_cross_compile.py" and hasattr(item.module, "start_compiling"):
+            _cross_compile.append(item.module)
+            item.module.start_compiling(session.items)
+            return
+
+
+def pytest_sessionfinish(session):
+    for module in _cross_compile:
+        module.stop_compiling()

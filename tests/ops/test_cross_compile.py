@@ -20,7 +20,8 @@ specialisation for the target (hotpath.ops.triton_utils.compile_launch).
 
 A case stands for every launch that compiles to its binary: launches are told apart by Triton's
 compile key, not by their arguments' values (see record). The time is the ~205 distinct compiles
-a target, about 3 CPU minutes each target, which is why the three children run side by side.
+a target, about 4 CPU minutes each target, which is why the three children start as soon as the
+session has collected its tests and compile beside the tests that run before this file's.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ import importlib
 import json
 import os
 import pkgutil
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -553,26 +557,53 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("target,label", cases, ids=[f"{t}:{label}" for t, label in cases])
 
 
-@pytest.fixture(scope="module")
-def compiled(request, tmp_path_factory) -> dict[str, dict[str, dict]]:
-    """target -> compile_all(target) for the cases this session runs (all of them, unless -k or
-    node ids pick some), each target in a child process of its own (side by side), with an empty
-    Triton cache: every kernel really compiled, and nothing left in ~/.triton."""
+_children: dict[str, subprocess.Popen] = {}  # target -> the child compiling its cases
+_workdir: list[Path] = []  # their Triton cache, stdin, stdout and stderr files
+
+
+def start_compiling(items: list[pytest.Item]) -> None:
+    """Starts a child per target compiling the cases among `items` (all of them, unless -k or node
+    ids pick some), each with an empty Triton cache (every kernel really compiled, nothing left in
+    ~/.triton) and at low priority. Called when collection ends (tests/ops/conftest.py), so that
+    their ~10 CPU minutes run beside the tests before this file's, not ahead of its first case."""
+    if _workdir:
+        return
     selected: dict[str, list[str]] = {t: [] for t in TARGETS}
-    for item in request.session.items:
+    for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.module is request.module and "label" in params:
+        if getattr(item, "module", None) is sys.modules[__name__] and "label" in params:
             selected[params["target"]].append(params["label"])
+    _workdir.append(Path(tempfile.mkdtemp(prefix="hotpath-cross-compile-")))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
-    children = {t: subprocess.Popen([sys.executable, __file__, t, "-"], env=env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for t, labels in selected.items() if labels}
+    env["TRITON_CACHE_DIR"] = str(_workdir[0] / "triton-cache")
+    for t, labels in selected.items():
+        if labels:
+            files = {kind: _workdir[0] / f"{t}.{kind}" for kind in ("in", "out", "err")}
+            files["in"].write_text(json.dumps(labels))
+            with open(files["in"]) as i, open(files["out"], "w") as o, open(files["err"], "w") as e:
+                _children[t] = subprocess.Popen([sys.executable, __file__, t, "-"], env=env, stdin=i, stdout=o, stderr=e)
+
+
+def stop_compiling() -> None:
+    """Ends the children (a session stopped early) and removes their files."""
+    for child in _children.values():
+        child.kill()
+        child.wait()
+    _children.clear()
+    if _workdir:
+        shutil.rmtree(_workdir.pop(), ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def compiled(request) -> dict[str, dict[str, dict]]:
+    """target -> compile_all(target) for the cases this session runs, from the children
+    start_compiling started (now, if collection did not)."""
+    start_compiling(request.session.items)
     results = {}
-    for t, child in children.items():
-        out, err = child.communicate(json.dumps(selected[t]), timeout=900)
-        assert child.returncode == 0, err[-3000:]
-        results[t] = json.loads(out)
+    for t, child in _children.items():
+        child.wait(timeout=1800)
+        assert child.returncode == 0, (_workdir[0] / f"{t}.err").read_text()[-3000:]
+        results[t] = json.loads((_workdir[0] / f"{t}.out").read_text())
     return results
 
 
@@ -604,4 +635,5 @@ if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must be compiled, not interpreted"
     # python tests/ops/test_cross_compile.py TARGET [-]: every case, or those named on stdin (-)
     labels = set(json.load(sys.stdin)) if sys.argv[2:] == ["-"] else None
+    os.nice(10)  # beside the rest of the test session: its tests come first
     print(json.dumps(compile_all(TARGETS[sys.argv[1]], labels)))
