@@ -335,9 +335,9 @@ class Engine:
         self.drafter.propose(seqs, [k for _, k in drafting])  # ends with the drafts on the host
         if behind >= CATCH_UP_TIMED:  # a long catch-up (a prompt): its cost a token, for the policy
             self.spec_policy.record_catch_up(behind, time.perf_counter() - start)
-        for seq, k in drafting:
-            if not seq.draft_token_ids:  # slots that gained nothing (no n-gram match) count as a miss
-                self.spec_policy.record_acceptance(seq, k, 0)
+        for seq in seqs:
+            if not seq.draft_token_ids:  # slots that gained nothing (no n-gram match)
+                self.spec_policy.record_no_drafts(seq)
         ids = {seq.seq_id for seq, _ in drafting}
         return [(seq, 1 + len(seq.draft_token_ids)) if seq.seq_id in ids else (seq, n) for seq, n in scheduled]
 

@@ -58,7 +58,6 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(empty_like(*a, **kw)))
 
 
-
 _cross_compile = []  # test_cross_compile's module, when the session runs its cases
 
 

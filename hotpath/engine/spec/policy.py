@@ -9,11 +9,11 @@ maximises sum(E_s(k)) / T(B, k). T(B, k) not measured yet is interpolated linear
 measured k nearest below and above (verify and draft work grow about linearly in k), and where
 only one side is known the step explores: k = K until T(B, K) is measured (in pure decode steps:
 while prompts prefill beside them, k = 0; and only while even free drafts would add MIN_GAIN
-tokens a sequence), then k = 0. The first step timed of each (bucket, k) is
-dropped (it compiles kernels, allocates). When k = 0 wins, acceptance is no longer observed, so
-after EXPLORE_EVERY decode steps at that bucket (the next pure decode step) one verifies K drafts
-again, to see whether it has come to pay (outputs are exact either way:
-only the speed changes); each such step that finds it still does not pay doubles the interval
+tokens a sequence), then k = 0. The first step timed of each (bucket, k) is dropped (it
+compiles kernels, allocates). When k = 0 wins, acceptance is no longer observed, so after
+EXPLORE_EVERY decode steps at that bucket (the next pure decode step) one verifies K drafts
+again, to see whether it has come to pay (outputs are exact either way: only the speed
+changes); each such step that finds it still does not pay doubles the interval
 (up to MAX_EXPLORE_EVERY), since each costs a verify step's time for about one token. Its whole
 time is measured too (a draft model first catches up on every token of the plain steps, its
 prompt's as well): the next one waits long enough that what it cost beyond a plain step is at
@@ -23,9 +23,9 @@ it would catch up on cost at most that share of the plain steps' time since the 
 
 A new sequence starts from the running mean acceptance of every sequence's rows so far (the
 workload's; PRIOR_ACCEPTANCE before any), so that new requests on a server whose drafts miss are
-not each tried anew. A sequence given draft slots for which the drafter proposed nothing (no n-gram match) counts as a
-draft rejected: such a step gained nothing, and waited for the step before it (a drafter needs
-its tokens), where a plain step would not have.
+not each tried anew. A sequence given draft slots for which the drafter proposed nothing (no
+n-gram match) counts as a draft rejected: such a step gained nothing, and waited for the step
+before it (a drafter needs its tokens), where a plain step would not have.
 """
 
 from __future__ import annotations
@@ -132,8 +132,13 @@ class DraftLengthPolicy:
 
     def record_acceptance(self, seq: Sequence, drafts: int, accepted: int) -> None:
         """A verify row: `accepted` of `drafts` kept (a draft after a rejection is not tried)."""
-        tried = min(drafts, accepted + 1)
-        rate = accepted / tried
+        self._update(seq, accepted / min(drafts, accepted + 1))
+
+    def record_no_drafts(self, seq: Sequence) -> None:
+        """Draft slots the drafter filled with nothing (no n-gram match): counted as a miss."""
+        self._update(seq, 0.0)
+
+    def _update(self, seq: Sequence, rate: float) -> None:
         old = self.acceptance.get(seq.seq_id, self.prior)
         self.acceptance[seq.seq_id] = old + 0.3 * (rate - old)
         self.prior += EMA * (rate - self.prior)
