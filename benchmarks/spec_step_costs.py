@@ -34,12 +34,11 @@ from hotpath.bench.latency import _run_batch
 from hotpath.bench.presets import preset_dir
 from hotpath.engine.args import EngineArgs
 from hotpath.engine.engine import Engine
+from hotpath.engine.spec.drafters import NgramDrafter
 
 
-class RepeatLastToken:
+class RepeatLastToken(NgramDrafter):
     """Drafts that cost nothing: each sequence's last token, as many times as it has slots."""
-
-    caught_up = 0
 
     def propose(self, seqs, slots) -> None:
         for seq, k in zip(seqs, slots):
@@ -108,7 +107,7 @@ def main() -> int:
     engine = Engine(EngineArgs(model=str(preset_dir(ns.preset)), load_format="dummy", skip_tokenizer_init=True,
                                speculative_config=spec))
     if ns.verify_only:
-        engine.drafter = RepeatLastToken()
+        engine.drafter = RepeatLastToken(engine.spec_config)
     results = [step_times(engine, k, bs, ns.input_len, ns.output_len) for bs in ns.batch_size for k in ks]
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "command": " ".join(sys.argv),
            "target": ns.preset, "draft": ns.draft_preset or ("mtp head" if ns.mtp else "none (drafts cost nothing)"),

@@ -302,10 +302,11 @@ class Engine:
         scheduled = [(seq, n) for seq, n in sched.scheduled if not seq.is_finished]
         timed = False
         if self.drafter is not None:
-            # a pure decode step is timed, unless a drafter first caught up on a whole prompt
+            # a pure decode step is timed, unless a drafter first catches up on a whole prompt
+            far = max((self.drafter.behind([seq]) for seq, n in scheduled if n > 1), default=0)
             timed = bool(scheduled) and all(seq.is_decoding for seq, _ in scheduled)
+            timed = timed and far <= 1 + self.spec_config.num_speculative_tokens
             scheduled = self._propose(scheduled)
-            timed = timed and self.drafter.caught_up <= 1 + self.spec_config.num_speculative_tokens
             drafts = max((n - 1 for _, n in scheduled), default=0)  # the step's k, as verified
         if scheduled:
             overlap = self._can_overlap(scheduled)
@@ -326,7 +327,6 @@ class Engine:
     def _propose(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
         """Drafts for the decoding sequences given draft slots; each then feeds its last token
         and its drafts (the drafter may propose fewer than its slots, or none)."""
-        self.drafter.caught_up = 0
         drafting = [(seq, n - 1) for seq, n in scheduled if n > 1 and seq.is_decoding]
         if not drafting:
             return scheduled

@@ -92,7 +92,7 @@ def test_draft_model_catches_up_in_graphs_after_plain_steps(setup, plain):
     eager, behind = [], []
     catch_up, in_graphs = engine.drafter._catch_up, engine.drafter._in_graphs
     engine.drafter._catch_up = lambda seqs, probs: eager.append(len(seqs)) or catch_up(seqs, probs)
-    engine.drafter._in_graphs = lambda seqs, slots: behind.append(engine.drafter.caught_up) or in_graphs(seqs, slots)
+    engine.drafter._in_graphs = lambda seqs, slots: behind.append(max(engine.drafter.behind([s]) for s in seqs)) or in_graphs(seqs, slots)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == want
     assert eager == [len(prompts)]  # the prompts, once

@@ -22,8 +22,6 @@ from hotpath.runner.sampler import probabilities, process_logits
 
 
 class Drafter(Protocol):
-    caught_up: int  # the most tokens the last propose() ran a sequence through before drafting
-
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         """Drafts for each decoding sequence, at most slots[i] of them."""
 
@@ -65,8 +63,6 @@ def set_draft_probs(seqs: list[Sequence], probs: dict[int, list[torch.Tensor]]) 
 
 
 class NgramDrafter:
-    caught_up = 0
-
     def __init__(self, config: SpeculativeConfig) -> None:
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
         # seq_id -> (its tokens so far in an array with room to grow, how many): built once and
@@ -127,14 +123,12 @@ class DraftModelDrafter:
         self.vocab_size = runner.model_config.vocab_size  # the target's: draft rows are cut or padded to it
         self.draft_vocab_size = runner.draft_model.model.embed_tokens.weight.shape[0]
         self.max_tokens = max_tokens_per_forward
-        self.caught_up = 0
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
         probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq in seqs}
-        self.caught_up = max((seq.num_tokens - seq.num_draft_computed for seq in seqs), default=0)
         k = max(slots, default=0)
         if k and all(is_plain_greedy(seq) for seq in seqs) and self._in_graphs(seqs, slots):
             return
@@ -168,7 +162,8 @@ class DraftModelDrafter:
             return False
         n = len(seqs)
         drafts = torch.empty((n, k), dtype=torch.int64, device=self.runner.device)
-        if self.caught_up <= GRAPH_CATCH_UP_WINDOWS * q and all(seq.num_tokens >= q for seq in seqs):
+        far = max(seq.num_tokens - seq.num_draft_computed for seq in seqs)  # tokens to catch up on
+        if far <= GRAPH_CATCH_UP_WINDOWS * q and all(seq.num_tokens >= q for seq in seqs):
             # windows of q tokens from the first unseen one, the last ending at the last token; a
             # sequence with fewer windows repeats its last (the same K/V again)
             top = self.draft_vocab_size - 1  # the target's extra ids, unknown to the draft
@@ -252,8 +247,6 @@ class MtpDrafter:
     (A prefix-cache hit skips the target over the cached tokens, and the head with it: their
     head K/V are those the sequence that cached the blocks wrote, whose token after a block's last
     position may have differed. Drafts only; outputs are exact whatever is drafted.)"""
-
-    caught_up = 0
 
     def __init__(self, runner: ModelRunner) -> None:
         assert runner.mtp is not None
