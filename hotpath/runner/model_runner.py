@@ -289,7 +289,7 @@ class ModelRunner:
     # ---- one step -------------------------------------------------------------------------
     def _prepare(
         self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence], list[tuple[Sequence, int, int, int]]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence], list[tuple[Sequence, int, int, int]] | None]:
         """The step's flat batch tensors, and the sequences that sample, in row order. A decode
         row whose input token is still pending takes it from `prev`'s sampled ids on the device.
         A sequence with drafts (speculative decoding) feeds them after its last token and gets
@@ -313,8 +313,8 @@ class ModelRunner:
             index = torch.tensor([at[r] for _, r in pending], dtype=torch.int64)
             rows_prev = torch.tensor(prev.rows_of([seq for seq, _ in pending]), dtype=torch.int64)
             ids[index.to(self.device, non_blocking=True)] = prev.token_ids[rows_prev.to(self.device, non_blocking=True)]
-        placed = [(rows[r].seq, rows[r].first, len(rows[r].tokens), batch.cu_query_lens_host[i])
-                  for i, r in enumerate(order)]  # each row's tokens in the batch
+        placed = None if self.mtp is None else [  # each row's tokens in the batch, for the MTP head
+            (rows[r].seq, rows[r].first, len(rows[r].tokens), batch.cu_query_lens_host[i]) for i, r in enumerate(order)]
         return ids, positions, batch, [rows[r].seq for r in order if rows[r].num_logits], placed
 
     def rows_batch(self, rows: list[Row], state: bool = False) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[int]]:
@@ -521,8 +521,8 @@ class ModelRunner:
             return verify
         self._hidden = (None, None)
         step = self._launch(scheduled, prev)
-        if self.mtp is not None:  # the head catches up on these tokens once they are on the host
-            step.hidden, step.hidden_rows = self._hidden
+        # with an MTP head: its inputs, once the step's tokens are on the host (else None)
+        (step.hidden, step.hidden_rows), self._hidden = self._hidden, (None, None)
         return step
 
     def _launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None) -> LaunchedStep:
@@ -544,7 +544,8 @@ class ModelRunner:
         else:
             input_ids, positions, batch, sampling, placed = self._prepare(scheduled, prev)
             hidden = self.model(input_ids, positions, batch)
-            self._hidden = (hidden, placed)
+            if self.mtp is not None:  # (kept only for it: a prefill's activations otherwise)
+                self._hidden = (hidden, placed)
             if self.state_layers and batch.max_query_len == 1:
                 self._save_decoded_snapshots(scheduled)
             if not sampling:

@@ -9,8 +9,6 @@ a drafter only decides how many tokens a step gains.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 import torch
 
@@ -21,12 +19,16 @@ from hotpath.runner.model_runner import LaunchedStep, ModelRunner, Row, is_plain
 from hotpath.runner.sampler import probabilities, process_logits
 
 
-class Drafter(Protocol):
+class Drafter:
+    """What every drafter answers; the defaults are a drafter that keeps nothing between steps."""
+
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         """Drafts for each decoding sequence, at most slots[i] of them."""
+        raise NotImplementedError
 
     def behind(self, seqs: list[Sequence]) -> int:
         """The tokens propose() would run through before drafting for seqs."""
+        return 0
 
     def collected(self, step: LaunchedStep) -> None:
         """A step's tokens reached the host (and were appended)."""
@@ -62,7 +64,7 @@ def set_draft_probs(seqs: list[Sequence], probs: dict[int, list[torch.Tensor]]) 
             seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     def __init__(self, config: SpeculativeConfig) -> None:
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
         # seq_id -> (its tokens so far in an array with room to grow, how many): built once and
@@ -89,12 +91,6 @@ class NgramDrafter:
         self.contexts[seq.seq_id] = (buf, total)
         return buf[:total]
 
-    def behind(self, seqs: list[Sequence]) -> int:
-        return 0
-
-    def collected(self, step: LaunchedStep) -> None:
-        pass
-
     def forget(self, seq: Sequence) -> None:
         self.contexts.pop(seq.seq_id, None)
 
@@ -104,7 +100,7 @@ class NgramDrafter:
 GRAPH_CATCH_UP_WINDOWS = 8
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """A smaller model of the same tokenizer drafts autoregressively. Its K/V live in the
     runner's draft cache under the target's block tables (the same block ids, its own tensors),
     so the target's block bookkeeping (allocation, rollback, preemption) covers it. Each step it
@@ -142,12 +138,6 @@ class DraftModelDrafter:
 
     def behind(self, seqs: list[Sequence]) -> int:
         return sum(seq.num_tokens - seq.num_draft_computed for seq in seqs)
-
-    def collected(self, step: LaunchedStep) -> None:
-        pass
-
-    def forget(self, seq: Sequence) -> None:
-        pass
 
     def _in_graphs(self, seqs: list[Sequence], slots: list[int]) -> bool:
         """Greedy drafts for each sequence through graphs (see the class doc): as many as the
@@ -232,7 +222,7 @@ class DraftModelDrafter:
         draft_tokens(logits, sampling, probs)
 
 
-class MtpDrafter:
+class MtpDrafter(Drafter):
     """The target checkpoint's multi-token-prediction head drafts (models/mtp.py): its row at
     position t takes the token at t + 1 and the target's final hidden state at t, and guesses the
     token at t + 2. Its K/V live under the target's block tables (as a draft model's).
@@ -301,9 +291,6 @@ class MtpDrafter:
             hidden = hidden.index_copy(0, at, out)
             draft_tokens(self.mtp.compute_logits(out), [rows[r].seq for r in order], probs)
         set_draft_probs([seq for seq, _ in ready], probs)
-
-    def behind(self, seqs: list[Sequence]) -> int:
-        return 0  # caught up as each step is collected
 
     def forget(self, seq: Sequence) -> None:
         self.last.pop(seq.seq_id, None)
