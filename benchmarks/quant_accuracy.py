@@ -58,7 +58,7 @@ from hotpath.assets import _check_hash, _download_wheel, _sha256_file, default_c
 from hotpath.bench.datasets import fetch_dataset
 from hotpath.engine.engine import resolve_model_dir
 from hotpath.quantizer.quantize import QuantizeOptions, quantize
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 
 QUANTIZER_METHODS = ("fp8-block", "fp8-ptpc", "awq", "gptq", "rtn-int4")
 METHODS = QUANTIZER_METHODS + ("fp8-online", "fp8-kv")

@@ -82,7 +82,7 @@ import torch
 from hotpath import LLM, SamplingParams
 from hotpath.bench.datasets import fetch_dataset, load_requests
 from hotpath.engine.spec.ngram import ngram_propose
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 
 TARGET = "qwen2.5-coder-1.5b"
 DRAFT = "qwen2.5-coder-0.5b"

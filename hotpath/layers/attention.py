@@ -14,7 +14,7 @@ from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.ops.attention import rope_and_paged_attention
 from hotpath.ops.attention.reference import FP8_KV_DTYPES
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 
 
 class Attention(nn.Module):

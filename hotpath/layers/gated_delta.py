@@ -50,7 +50,7 @@ from hotpath.ops.gated_delta import (
     reference,
 )
 from hotpath.ops.norm import gated_rms_norm
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 
 
 @dataclass

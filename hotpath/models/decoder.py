@@ -27,7 +27,7 @@ from hotpath.layers.linear import WeightLoaders
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.ops.embedding import embedding_with_sumsq
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 
 
 class DecoderLayer(nn.Module):

@@ -81,7 +81,7 @@ from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.models.decoder import CausalLM, CheckpointLoading, DecoderLayer
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 
 MTP_PREFIX = "mtp."
 

@@ -41,7 +41,7 @@ import sys
 import torch
 
 from hotpath.engine.sequence import Sequence
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 
 assert sys.byteorder == "little", "the int64 inputs are written as little-endian int32 pairs"
 

@@ -27,7 +27,7 @@ from hotpath.ops.attention import DECODE_MAX_QUERY_LEN
 from hotpath.ops.backend import use_triton
 from hotpath.ops.quant import fp8_dtype
 from hotpath.runner.decode_inputs import DecodeInputs
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 from hotpath.runner.row_graphs import GRAPH_BATCH_SIZES, RowGraphs, context_buckets, graph_forward
 from hotpath.runner.sampler import Sampler
 

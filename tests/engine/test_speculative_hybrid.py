@@ -28,7 +28,7 @@ from tiny_models import perturbed_copy
 from hotpath import LLM, SamplingParams
 from hotpath.layers.gated_delta import GatedDeltaNet
 from hotpath.ops import backend
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 from hotpath.runner.model_runner import ModelRunner
 
 if not torch.cuda.is_available():  # before any kernel module is imported (see tests/ops/conftest.py)

@@ -18,7 +18,7 @@ import torch
 from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
 from hotpath.loader.model_loader import load_model, load_mtp
 from hotpath.models.registry import read_config
-from hotpath.runner.forward_batch import ForwardBatch
+from hotpath.layers.forward_batch import ForwardBatch
 from mtp_reference import hf_reference, mtp_tensors
 from tiny_models import make_tiny_model
 
