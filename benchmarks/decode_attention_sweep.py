@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from hotpath.ops.attention import triton_decode
-from hotpath.ops.bench_kernels import Bench
+from kernel_bench import Bench  # benchmarks/ is on the path when run as a script
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--batch", type=int, default=256)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from hotpath.ops.bench_kernels import Bench
+from kernel_bench import Bench  # benchmarks/ is on the path when run as a script
 
 # name -> (E, H, I, top_k)
 SHAPES = {

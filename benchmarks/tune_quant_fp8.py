@@ -20,7 +20,7 @@ import time
 import torch
 import triton
 
-from hotpath.ops.bench_kernels import Bench
+from kernel_bench import Bench  # benchmarks/ is on the path when run as a script
 from hotpath.ops.quant import reference, triton_gemm, triton_gemv
 from hotpath.ops.quant.reference import FP8_GEMV_MAX_ROWS
 from hotpath.ops.quant.triton_gemm import GemmConfig

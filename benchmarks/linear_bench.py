@@ -1,7 +1,7 @@
 """Few-row linear on one GPU: the Triton GEMV kernel beside torch (cuBLAS), in TB/s of weight read
 against a device-to-device copy measured in the same run.
 
-    python -m hotpath.ops.linear.bench --json linear.json
+    python benchmarks/linear_bench.py --json linear.json
 
 For Qwen3-0.6B's and Qwen3-8B's projections at M = 1, 8 and 16 rows, each op is timed as the decode
 loop runs it: calls on distinct weight copies (together over 4x the L2) captured back to back in one
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from hotpath.ops.bench_kernels import Bench
+from kernel_bench import Bench  # benchmarks/ is on the path when run as a script
 
 # (model, projection) -> [N, K] of the weight
 SHAPES = {

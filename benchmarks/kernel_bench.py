@@ -1,6 +1,6 @@
 """Kernel micro-benchmarks on one GPU, against ceilings measured in the same run.
 
-    python -m hotpath.ops.bench_kernels --json kernels.json
+    python benchmarks/kernel_bench.py --json kernels.json
 
 Measures the device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate,
 then times (medians of triton.testing.do_bench, L2 flushed between runs):
