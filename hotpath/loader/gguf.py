@@ -8,8 +8,8 @@ model runs in: float32 (the CPU default) matches transformers' GGUF-loaded state
 bfloat16 (the GPU default) is that rounded exactly as a bf16 model loading the float32 copy would
 round it, at half the disk. Each dtype's copy is made on the first load in that dtype.
 
-Why a copy at all: dequantizing the GGUF at every start-up (gguf-py, numpy) was measured 5-7x slower
-than reading the copy: 11 s against 1.5 s (float32) for the 0.5B model's weights, 2 CPU cores.
+Why a copy at all: dequantizing the GGUF at every start-up (gguf-py, numpy) is several times slower
+than reading the copy (docs/decisions.md, loader).
 
 Cache layout (`<cache root>/hf/<first 16 hex of the GGUF's sha256>-v<CONVERTER_VERSION>/`):
 

@@ -134,7 +134,7 @@ def pdl_launch_dependents(USE_PDL: tl.constexpr):
 
 # ---- compiling without a GPU ------------------------------------------------------------------
 # triton.compile builds a kernel for any target it has a backend for (its wheel carries NVIDIA's
-# ptxas and AMD's linker), so a kernel can be compiled for an H200 or an MI300X on a machine with
+# ptxas and AMD's linker), so a kernel can be compiled for an NVIDIA or AMD GPU on a machine with
 # neither. compile_launch specialises the arguments as a launch on that target would.
 
 
@@ -157,10 +157,8 @@ def compile_launch(fn, args: tuple, kwargs: dict, target: GPUTarget):
                           options=options.__dict__)
 
 
-# Registers and spills: how many registers a kernel takes decides how many of its programs fit
-# on an SM, and a change that looks harmless can double it (a tile held across PDL's wait took
-# the decode attention kernel from 96 to 237 registers, and batch-64 decode from 5 programs per
-# SM to 2). Triton's wheel carries cuobjdump too, so the count can be read on any Linux machine.
+# Registers decide how many programs fit on an SM and a harmless-looking change can double them;
+# Triton's wheel carries cuobjdump too, so the count can be read on any Linux machine.
 
 
 def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[int, int]:
@@ -188,8 +186,8 @@ def compiled_resources(fn, args: tuple, kwargs: dict, arch: int = 90) -> tuple[i
 # An SM's 256 KB of L1 and shared memory are one array, split by a carveout. By default the driver
 # picks each kernel's split from its shared memory needs and from the kernels already running, and
 # an SM holds programs of one split at a time, so a kernel that gets another split waits for SMs
-# to drain. The batch-1 decode step chains ~6 kernels a layer that overlap through PDL, and asking
-# every one of them for the same split made it faster (run L, docs/benchmarks.md). Graphs keep
+# to drain. The batch-1 decode step chains ~6 kernels a layer that overlap through PDL, so asking
+# every one of them for the same split avoids those waits (docs/decisions.md). Graphs keep
 # the split their kernels had when they were captured, so the runner sets it around a capture.
 # Only kernels loaded after this module: it records each kernel as Triton loads it (and forgets
 # it where Triton unloads it, which Triton 3.7+ does when a compiled kernel is freed).

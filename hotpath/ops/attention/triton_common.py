@@ -188,7 +188,7 @@ def attend_rows(
     # for a cache of the query's dtype)
     k = load_kv_tile(k_cache_ptr, k_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD).to(q.dtype)
     # values loaded with the keys, not after the scores: one memory round a tile where nothing
-    # pipelines it (a decode split of one tile); this is the order measured in run E
+    # pipelines it (a decode split of one tile)
     v = load_kv_tile(v_cache_ptr, v_rows, d, n_ok, MASKED, HEAD_DIM, HEAD_DIM_PAD).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
     if MASKED:

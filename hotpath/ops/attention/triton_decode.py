@@ -13,22 +13,16 @@ counter says which) merges them. With a single split the program writes the outp
 At batch 1 the kernel is a chain of latencies, not a stream of bytes (a 1k context is ~2 MB), so
 it is arranged to have few dependent memory rounds after PDL's wait: before the wait, while the
 qkv projection finishes, the first tile of keys and values of earlier steps is prefetched into L2
-(holding it in registers instead measured slower) and the block table, cos/sin and the norm
-weights are read; after it, the projections in one round, the tiles from L2, the partials'
-stores, and nothing more: the merge's fence, counter and dependent read of the partials were
-~2.4 us a layer at Qwen3-0.6B and ~4.6 at 8B of this kernel's chain, and the merge kernel a
-program per head costs less than that (run I; run E's, a program per kv head, had cost more than
-merging here). Calls without splits, where the batch fills the
-GPU, are occupancy-bound instead: they skip the prefetch and load the query late, for registers
-(102 rather than 146 a thread at Qwen3-8B shapes). docs/benchmarks.md, run E, has the figures;
-run G those of what measured slower: attending to this step's keys from registers rather than
-reading them back from the cache (no barrier, the first tile loaded beside the projections or
-held across the wait), and streaming the layer's next weights into L2 during the kernel.
+and the block table, cos/sin and the norm weights are read; after it, the projections in one
+round, the tiles from L2, the partials' stores, and nothing more (the merge's fence, counter and
+dependent read cost the chain more than a merge kernel of its own). Calls without splits, where
+the batch fills the GPU, are occupancy-bound instead: they skip the prefetch and load the query
+late, for fewer registers.
 
-Past the wait the chain is mostly instructions (ncu, run N: ~60% of the stall samples on issue
-and fixed-latency dependencies), so the query is normed and rotated on its real rows only (2 at
-one token and 2 q heads a kv head, not the 16 the dots take), and a split holding one tile
-attends to it without the pipelined tile loop, from cache rows computed before the wait.
+Past the wait the chain is mostly instructions, so the query is normed and rotated on its real
+rows only (2 at one token and 2 q heads a kv head, not the 16 the dots take), and a split holding
+one tile attends to it without the pipelined tile loop, from cache rows computed before the wait.
+docs/decisions.md (decode attention) has the figures and what was tried and reverted.
 
 The number of splits is fixed on the host (from the batch size and max_context_len, so a CUDA graph
 captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
@@ -41,8 +35,7 @@ program whose split holds a new position writes that token's rotated key and its
 cache (a block barrier orders that before the tiles read it back; no other program reads those
 rows). With an fp8 cache those rows are quantized as they are written (k / k_scale, v / v_scale,
 rounded to nearest even) and every tile is upcast to the query's dtype after its load
-(triton_common). Unmeasured on a GPU so far: at Qwen3-8B shapes on sm_90 the fp8 variant
-compiles to 187 registers at batch 1 (bf16: 145) and 144 at batch 64 (bf16: 95), no spills.
+(triton_common).
 """
 
 from __future__ import annotations
@@ -73,33 +66,24 @@ from hotpath.ops.triton_utils import (
     zeroed_counters,
 )
 
-# Measured on an H200 (hotpath.ops.bench_kernels: batch 1 and 64, Qwen3-8B heads, bf16): decode
-# is bound by how many bytes each SM keeps in flight: 16 KB key tiles (64 keys of head_dim 128; with
-# two pipeline stages three programs' K/V tiles fit in an SM's shared memory) beat 32 KB ones, and
-# splitting the context until there are about four programs per SM beats two. Splits shorter than 64 tokens stop paying for their merge; once the batch
-# alone gives every SM a program, splitting only costs, up to LONG_CONTEXT: at batch 32 with 8K
-# contexts (256 programs) four splits took 321 us against 437 unsplit (H200, benchmarks/
-# decode_attention_sweep.py). An fp8 cache's tiles hold as many bytes (twice the keys): 498 us
-# against 564 for 64 keys.
+# Decode is bound by the bytes each SM keeps in flight: 16 KB key tiles, about four programs an SM,
+# splits of at least 64 tokens, and none past a full GPU below LONG_CONTEXT (docs/decisions.md).
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 LONG_CONTEXT = 4096
 MAX_SPLITS = 128
 TILE_BYTES = 64 * 128 * 2
-# The merge reads at most this many fp32 partials per round: 64 registers a thread at 4 warps, a
-# round for every split of a batch-1 decode with head_dim 128 and up to 4 q heads per kv head...
+# The merge's fp32 partials a round: one round for every split of a batch-1 decode with up to 4 q
+# heads a kv head...
 MERGE_ELEMENTS = 8192
-# ...and at least this many splits a round where that takes at most twice as many partials: with
-# 8 q heads a kv head (Qwen3-32B; Qwen2.5-32B's 5 pad to 8) one round for 9 splits instead of
-# two made the 32B step 2% faster (H200, run H), at 207 registers rather than 166 (Triton 3.6)
+# ...and at least this many splits a round (up to twice the partials): one round beats two
 MIN_MERGE_SPLITS = 16
 # A call of one query token a sequence (decode) merges its splits in a kernel of its own, a program
 # per (token, head); verify steps (several tokens a sequence) merge in the last split of each kv
 # head to finish (docs/decisions.md).
-# splits the merge kernel reads a round (fp32 [32, 128]: 64 registers a thread at 2 warps)
+# splits the merge kernel reads a round (fp32 [32, 128] held in registers)
 MERGE_KERNEL_SPLITS = 32
-# Two warps rather than four: the Qwen3-8B step 1.3% faster, 0.6B 0.3% (one warp: 8B the same,
-# 0.6B 2.7% slower; H200, run J call 5)
+# two warps: a short kernel in a latency chain, timed against one and four
 MERGE_KERNEL_WARPS = 2
 # One merge counter per (sequence, kv head) of a split call; splitting stops well before this
 MAX_SPLIT_GROUPS = 4096
@@ -259,9 +243,8 @@ def _decode_split_kernel(
     n_ok = n < end
     first_new = ctx - q_len
     if not DIRECT:
-        # the first tile's cache rows (the block table is a step input) and, with PDL, its keys
-        # and values of earlier steps into L2 (holding them in registers across the wait instead
-        # took 217 registers and measured slower)
+        # the first tile's cache rows and, with PDL, its earlier keys and values into L2 (L2, not
+        # registers: held across the wait they cost more registers than the wait saves)
         blocks = kv_tile_blocks(block_table, n, n_ok, True, BLOCK_SIZE)
         in_block = n % BLOCK_SIZE
         k_rows0 = blocks * stride_kb + in_block * stride_kt + kv_head * stride_kh
@@ -309,8 +292,7 @@ def _decode_split_kernel(
         t_token = (q_start + t).to(tl.int64)[:, None]
         t_mask = mine & (d[None, :] < HEAD_DIM)
         if not DIRECT:
-            # the projections in one round, the query rotated first (measured 4% faster at
-            # Qwen3-0.6B than after the cache write, H200)
+            # the projections in one round, the query rotated first (ahead of the cache write)
             xq, xq_p = _load_rows(q_rows, q_ok[:, None], d, HALF, HEAD_DIM)
         xk, xk_p = _load_rows(k_new_ptr + t_token * stride_knt + kv_head * stride_knh, mine, d,
                               HALF, HEAD_DIM)
@@ -331,9 +313,7 @@ def _decode_split_kernel(
         tl.store(v_cache_ptr + t_block * stride_vb + t_row * stride_vt + kv_head * stride_vh + d[None, :],
                  v_step, mask=t_mask)
         if DIRECT:
-            # the query's rows and RoPE inputs only now: fewer values live at once, fewer
-            # registers (102 rather than 146 at Qwen3-8B shapes), more programs per SM where the
-            # batch fills the GPU
+            # the query's rows and RoPE inputs only now: fewer live registers, more programs an SM
             xq, xq_p = _load_rows(q_rows, q_ok[:, None], d, HALF, HEAD_DIM)
             q_cos, q_sin, q_w, q_wp = _rope_inputs((first_new + q_tok).to(tl.int64)[:, None],
                                                    q_ok[:, None], d, cos_sin_ptr, stride_cs,

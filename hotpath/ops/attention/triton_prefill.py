@@ -108,8 +108,8 @@ def _prefill_kernel(
 
 
 def default_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by padded head_dim: the fastest of a sweep over
-    an 8k-token bf16 prefill on an H200 (hotpath.ops.bench_kernels)."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by padded head_dim: the fastest of a tile sweep
+    over a long bf16 prefill (docs/decisions.md)."""
     if dtype == torch.float32:
         return 32, 32, 4, 2
     if head_dim_pad <= 64:

@@ -79,8 +79,8 @@ def gated_delta_rule(
     chunks: tuple[torch.Tensor, torch.Tensor] | None = None,  # prefill_chunks(cu_seqlens, num_tokens)
 ) -> torch.Tensor:  # [num_tokens, Hv, Dv] in v's dtype
     """See reference.gated_delta_rule; on the GPU one varlen launch chain for every sequence, for
-    16-bit models (in fp32 the kernels' exact "bf16x6" dots gave NaN at 16-wide key heads on the
-    H200, not yet understood: tests/ops/test_gated_delta_chunked.py; fp32 runs the reference)."""
+    16-bit models (fp32 runs the reference: the kernels' exact "bf16x6" dots gave NaN at 16-wide
+    key heads on the GPU, not yet understood; tests/ops/test_gated_delta_chunked.py)."""
     if backend.use_triton(v) and v.dtype != torch.float32:
         from hotpath.ops.gated_delta import triton_chunked
 

@@ -12,20 +12,12 @@ from hotpath.ops import backend
 from hotpath.ops.activation import silu_and_mul
 from hotpath.ops.linear import reference
 
-# Where the GEMV kernel was measured faster than cuBLAS back to back with itself (H200, bf16, in
-# CUDA graphs, torch 2.11; hotpath.ops.linear.bench): with one row, on every Qwen3-0.6B / -8B
-# projection and LM head (1% on 8B's gate_up to 65% on 0.6B's o_proj); with 8 and 16 rows only on
-# weights no taller than wide and at most 32 MB (o_proj of both, down_proj of 0.6B: 5-15% less
-# time). On the other shapes at 8 and 16 rows cuBLAS took up to 18% less time, or (the LM heads)
-# within 3% of the kernel.
+# The GEMV beats cuBLAS at one row on every shape, at up to 16 rows only on weights no taller than
+# wide and at most 32 MB (docs/decisions.md, linear)
 GEMV_MAX_ROWS = 16
 MULTI_ROW_MAX_WEIGHT_ELEMENTS = 1 << 24
-# Two rows on a weight of at most 8M elements work as one row does (FMAs, the weight tile loading
-# before PDL's wait, in half-height tiles), on any shape: in the decode graph, batch 2 of
-# Qwen3-0.6B (every projection at most 6.3M elements) took 19% less time than with cuBLAS and the
-# unfused layer (run K). Each row's products take registers of their own, so an SM holds fewer
-# weight bytes in flight: on Qwen3-8B's projections (16.7-101M elements) batch 2 took 10-30% more
-# whatever the tiles, and 4 rows of 0.6B 9% more.
+# Two rows on a weight of at most 8M elements work as one row does (FMAs, the tile loading before
+# PDL's wait); more rows or larger weights hold too few weight bytes in flight
 GEMV_FMA_MAX_ROWS = 2
 FMA_MAX_WEIGHT_ELEMENTS = 1 << 23
 # fp32 too, so that GPU parity tests in fp32 run the decode path's fused forms

@@ -103,39 +103,16 @@ def split_for(n_tiles: int, K: int, block_k: int, device: torch.device,
 
 
 def _tail_k(K: int) -> int:
-    """K - WHOLE_K where that is a power of 2 up to WHOLE_K / 4 (K held whole as two tiles; 8
-    rows of bf16 in an 8-warp program's registers: 128-171 a thread at 5120), else 0."""
+    """K - WHOLE_K where that is a power of 2 up to WHOLE_K / 4 (K held whole as two tiles, 8 rows
+    of bf16 in an 8-warp program's registers), else 0."""
     tail = K - WHOLE_K
     return tail if 0 < tail <= WHOLE_K // 4 and tail & (tail - 1) == 0 else 0
 
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
-    # At M = 1, from H200 measurements inside the batch-1 decode graph (benchmarks/decode_variants.py,
-    # docs/benchmarks.md run F; Qwen3-0.6B, -8B and -32B, bf16, PDL on). Where K <= WHOLE_K, one
-    # tile holds a program's whole share of the weight (8 rows x all of K, no split), so all of
-    # it is loading before PDL's wait and only x and the sums are left after it. That beat
-    # 1024- and 2048-wide tiles walked in turn and every K split tried (whose atomic and partial
-    # reads sit on the step's critical path), by 2.8% of the 8B step and 2.5-2.6% of the 0.6B
-    # one (two runs), though sweeps of each op back to back with itself
-    # (hotpath.ops.linear.bench) had preferred the narrower tiles. Eight warps from 2048-wide
-    # tiles, and where the op has at most PROGRAMS_PER_SM programs per SM (Qwen3-0.6B qkv: 3% of
-    # the step); four otherwise (0.6B gate_up: eight were 2% slower). Longer K walks tiles, and
-    # there the back-to-back sweeps' choice stands: 8 x 1024 tiles (16 KB, 56 registers, many
-    # programs per SM), or 8 x 2048 over 8 warps where that needs no K split or the weight is
-    # short, K split to fill the SMs. Walking 4096-wide tiles instead (one 8-warp program per SM)
-    # made Qwen3-32B's step 25% slower and 8B's down_proj 0.3% faster (run F), the slowdown from
-    # the partly masked last tile of K = 5120 and 25600; where K is a whole number of 4096-wide
-    # tiles they walk unsplit where the rows give every SM a program (run J: Qwen3-8B's down_proj,
-    # K = 12288, 0.4% of the step; Qwen3-32B's o_proj, K = 8192, 1%).
-    # K = WHOLE_K + a power of 2 up to WHOLE_K / 4 (Qwen3-32B's and Qwen2.5-32B's 5120 = 4096 +
-    # 1024) is whole too, in two tiles (run H: both 32B steps 6% faster than walking 2048-wide
-    # tiles; the LM head alone 0.15% slower). Not below WHOLE_K: Qwen3-0.6B's down_proj (K =
-    # 3072) as 2048 + 1024 made the step 8% slower than one 4096-wide tile, a quarter masked.
-    # At M = 8 and 16, 32 x 256 tiles in 3 stages were the fastest or within 5% of it where the
-    # kernel beats cuBLAS (back-to-back sweeps).
-    # Two rows on a small weight (fma_rows) take the one-row configs in 4-row tiles: each row's
-    # products take registers of their own, and half the tile keeps as many programs on an SM
-    # (run K, Qwen3-0.6B's batch 2: 3.3% faster than 8-row tiles).
+    # Timed inside the decode graph, not back to back (docs/decisions.md, linear): one row holds its
+    # whole share of K in one tile where K <= WHOLE_K (or WHOLE_K plus a small power-of-2 tail), so
+    # it loads before PDL's wait; longer K walks tiles; two rows take half-height tiles.
     if dispatch.fma_rows(M, N, K):
         block_n, num_stages, use_dot = 8 if M == 1 else 4, 1, False
         if tail_k := _tail_k(K):
@@ -143,10 +120,8 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> GemvConfig:
         if K <= WHOLE_K:
             block_k = max(16, triton.next_power_of_2(K))
             if M == 1 and block_k == 2048 and 2 * triton.cdiv(N, 16) <= sm_count(device):
-                # a short, 2048-wide weight (Qwen3-0.6B's o_proj) in 16-row tiles, on half the
-                # SMs or fewer (182 registers a thread, Triton 3.6): the step 2.7% faster than
-                # with 8-row tiles on every SM in three runs whose steps took ~607 us, and the
-                # same (0.3% slower) in one whose took ~632 (H200, run M)
+                # a short, 2048-wide weight in 16-row tiles on half the SMs or fewer: fewer,
+                # taller programs finish the chain sooner
                 return GemvConfig(16, block_k, 1, 8, num_stages, use_dot)
             few = triton.cdiv(N, block_n) <= PROGRAMS_PER_SM * sm_count(device)
             num_warps = 8 if block_k >= 2048 or few else 4
@@ -249,8 +224,7 @@ def _dot_rows(w, x_ptr, stride_xm, M, rk, K, norm_w_ptr, rstd, EVEN_K: tl.conste
     """[BLOCK_N, BLOCK_M] fp32 ([BLOCK_N] at one row): _dot_row for each of x's rows, with FMAs
     (no tensor cores). rstd [BLOCK_M]: each row's 1 / RMS (NORM_INPUT)."""
     if BLOCK_M == 1:
-        # [BLOCK_N]: the caller's sum over K stays one-dimensional (a 2-D one took 158 registers
-        # rather than 127 at Qwen3-32B's gate_up, Triton 3.6)
+        # [BLOCK_N]: the caller's sum over K stays one-dimensional (a 2-D one takes more registers)
         acc = _dot_row(w, x_ptr, rk, K, norm_w_ptr, tl.sum(rstd) if NORM_INPUT else rstd, EVEN_K,
                        NORM_INPUT)
     else:
@@ -374,8 +348,7 @@ def _gemv_kernel(
     else:
         # The first tile is loaded before waiting for the previous kernel (the weights are not
         # something it writes), so the weight stream starts under that kernel's tail. One tile in
-        # flight per program after that: a second one (loaded before the current is used) was
-        # measured slower on an H200, the registers it takes cost more programs per SM.
+        # flight per program after that: a second one's registers cost more programs per SM.
         rk = k_start + tl.arange(0, BLOCK_K)
         w = _w_tile(w_rows, rk, K, EVEN_K, W_EVICT)
         if TAIL_K > 0:
@@ -542,7 +515,7 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
         # the target's default but for fp32 (see attention.triton_common.dot_precision)
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
         # a step reads each weight once, so the FMA path's weight loads are evicted first, keeping
-        # the caches for the KV cache and activations (1.1-1.4% faster Qwen3 decode steps, H200)
+        # the caches for the KV cache and activations
         W_EVICT="evict_first",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

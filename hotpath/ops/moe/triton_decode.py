@@ -513,7 +513,7 @@ def _launch_options(T: int, top_k: int, K: int, cfg: tuning.DecodeConfig, x: tor
         EVEN_K=K % block_k == 0,
         USE_PDL=use_pdl,
         BLOCK_T=block_t,
-        # at least 4: Triton 3.6 on the H200 once summed a size-2 axis wrongly (docs/benchmarks.md)
+        # at least 4: Triton once summed a size-2 axis wrongly on the GPU (docs/decisions.md, MoE)
         BLOCK_J=max(4, triton.next_power_of_2(top_k)),
         BLOCK_N=cfg.block_n,
         BLOCK_K=block_k,

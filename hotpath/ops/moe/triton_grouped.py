@@ -33,10 +33,8 @@ arithmetic of the decode kernels and of the reference (x not quantized), so ever
 rounds alike. (An fp8 x fp8 path, x quantized per token and group as ops/quant's GEMM does,
 would halve the dot's operand bytes and double its rate where a large prefill is compute-bound;
 left out: weight bytes, which this path already halves, are what decode and mid-size batches
-wait on.) The block path holds each partial dot beside the accumulator: at the default prefill
-tiles (64 x 128, 4 warps) sm_90 takes 209 / 222 registers for gate_up / down against the 16-bit
-path's 124 / 128 (compiled on the CPU, no spills; speed unmeasured, benchmarks/tune_moe.py --fp8
-block tries 8 warps too).
+wait on.) The block path holds each partial dot beside the accumulator, so it takes more
+registers than the 16-bit path (benchmarks/tune_moe.py --fp8 block tries 8 warps too).
 int4 experts (WFMT 3): a K tile is up to one run of S words (16 at Qwen3-30B-A3B's shapes), each
 nibble's run of columns dequantized by shift and mask into the exact integers q - z in x's dtype
 and multiplied on tensor cores with x's matching columns, the dots of one group chained and

@@ -39,8 +39,8 @@ def _add_into_residual_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     dtype = residual_ptr.dtype.element_ty
-    # each op in the model dtype, rounding as torch's ops do (launched without FP fusion: fused
-    # into an FMA, the product was not rounded before the add on the H200, 12% of the sums off)
+    # each op in the model dtype, rounding as torch's ops do (launched without FP fusion, which
+    # would skip the product's rounding before the add)
     out = tl.load(experts_ptr + m * stride_e + cols, mask=mask, other=0.0)
     if HAS_SHARED:
         g = tl.load(gate_ptr + m * stride_g).to(tl.float32)

@@ -37,8 +37,7 @@ from hotpath.ops.linear.reference import RmsInput
 # Rows up to this run the weight-only GEMV path; more rows the GEMM path (x quantized for fp8)
 GEMV_MAX_ROWS = 16
 # fp8 weights take the weight-only GEMV up to this many rows only: from 3 rows x quantized to
-# fp8 and the fp8 x fp8 GEMM measured faster (Qwen3-8B's gate_up at 32 rows on an H200: 32 us
-# against 43 for the weight-only tensor-core GEMV's best tiles)
+# fp8 and the fp8 x fp8 GEMM are faster
 FP8_GEMV_MAX_ROWS = 2
 # The activation group of block-scaled fp8 (the weight's block_k in every published checkpoint)
 ACT_GROUP = 128

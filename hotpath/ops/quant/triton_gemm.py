@@ -10,7 +10,7 @@
   by its token-group scales and its weight block's scales as it is added (the main loop).
 
 Tiles are a fixed rule of the shape (no autotuning: the kernels compile once per shape class and
-are capturable), from an H200 sweep (benchmarks/tune_quant_fp8.py).
+are capturable), from a tile sweep (benchmarks/tune_quant_fp8.py; docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -43,12 +43,10 @@ def choose_config(M: int, group_k: int, hip: bool, N: int = 0, K: int = 0,
     """`group_k`: the widest K tile the scales allow (a block's width). AMD's 64 KB of LDS holds
     two stages of 128 x 64 tiles.
 
-    fp8 on NVIDIA, measured on an H200 at Qwen3-8B's shapes (benchmarks/tune_quant_fp8.py): at
-    decode batch sizes a tile of 16 rows (the weight is read once; gate_up at 32 rows in 32 us),
-    128 columns wide where that makes a wave of programs, else 64 with a deeper pipeline (down:
-    40 us against 48); prefills 128 x 128 x 128 on 8 warps, 4 stages (PTPC 814 TFLOP/s, block
-    524: the block scales multiply every step's dot). A long K with too few tiles for a wave (the
-    down projection at decode batch sizes) splits K in up to 4."""
+    fp8 on NVIDIA: at decode batch sizes a tile of 16 rows (the weight is read once), 128 columns
+    wide where that makes a wave of programs, else 64 with a deeper pipeline; prefills 128 x 128 x
+    128 on 8 warps, 4 stages. A long K with too few tiles for a wave (the down projection at
+    decode batch sizes) splits K in up to 4."""
     block_k = min(128 if not hip else 64, group_k)
     if hip:
         return GemmConfig(64, 128, block_k, 8, 4, 2) if M <= 64 else GemmConfig(128, 128, block_k, 8, 8, 2)

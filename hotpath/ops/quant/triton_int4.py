@@ -1,11 +1,10 @@
 """Linear over int4 weights (AWQ, GPTQ) on the tensor cores, for every row count: a GEMV for a
 few rows (decode, 1..16, with the fused forms of hotpath.ops.linear) and a GEMM for more.
 
-Why tensor cores even at one row: a GEMV at HBM speed (4.2 TB/s) must consume ~8.4e12 nibbles a
-second, and an H200's fp32 lanes do ~3.3e13 simple operations a second, so an FMA path that spends
-four operations a nibble (shift, mask, convert, FMA) is bound by its ALUs well below the bandwidth.
-Here a nibble costs ~1.4 operations and the multiply-adds go to the tensor cores (x's rows padded
-to 16, the least a dot takes).
+Why tensor cores even at one row: at HBM speed an FMA path that spends four operations a nibble
+(shift, mask, convert, FMA) is bound by its ALUs well below the bandwidth (docs/decisions.md,
+quantization). Here a nibble costs ~1.4 operations and the multiply-adds go to the tensor cores
+(x's rows padded to 16, the least a dot takes).
 
 The layout (reference.py has it in full): `qweight` int32 [N, K / 8] whose stored columns are cut
 in superblocks of 8S columns (S = reference.int4_slice_width(K, G): 16 for groups up to 128, so
@@ -39,7 +38,7 @@ waited out after each 64 x 16 x 16 product (8 waits and fences a tile). The next
 and zero points load a tile ahead (they are too small for the pipeliner's asynchronous copies,
 and loaded where they are used they cost every tile a memory round trip). An `rms=` input is
 normalised by the RMSNorm kernel first, a launch of its own: folded into x's slices (the norm
-weight loaded in the loop) the GEMV ran at a third of its plain speed on an H200. The first
+weight loaded in the loop) the GEMV ran at a third of its plain speed. The first
 weight tile and its scales load before PDL's wait. A K split writes fp32 partials and the last
 program of an N tile to arrive (a counter bumped atomically) reduces them and runs the
 epilogue: one launch, capturable, no host sync.
@@ -49,9 +48,9 @@ operand, where Hopper's MMA takes it from registers), tiles grouped GROUP_M at a
 Rounding: the products are those of the exact integers q - z with x as it is (16-bit, or fp32
 with "ieee" dots), accumulated in fp32 per group and scaled in fp32; the reference dequantizes in
 fp32 and multiplies in fp32, so the two differ by summation order only. Tiles come from
-`choose_gemv_config` / `choose_gemm_config`, fixed rules of the shape set from an H200 sweep
-(benchmarks/bench_quant_gemv.py --sweep; and benchmarks/int4_codegen.py for what each config
-compiles to: registers, shared-memory round trips, SASS instructions a weight byte).
+`choose_gemv_config` / `choose_gemm_config`, fixed rules of the shape set from a tile sweep
+(benchmarks/bench_quant_gemv.py --sweep; benchmarks/int4_codegen.py shows what each config
+compiles to).
 """
 
 from __future__ import annotations
@@ -83,7 +82,7 @@ from hotpath.ops.triton_utils import (
 
 # the kernels' dots take at least 16 columns of a slice
 MIN_SLICE = 16
-# programs per SM the GEMV's K split aims at (128 registers a thread at 4 warps fit 4)
+# programs per SM the GEMV's K split aims at (what a 4-warp program's registers allow)
 GEMV_PROGRAMS_PER_SM = 4
 
 
@@ -113,9 +112,7 @@ def choose_gemv_config(M: int, rows: int, K: int, slice_width: int,
     """Tiles for M <= 16 rows of a [rows, K] weight: 128 rows x 16 words, 4 warps (8 warps leave
     x's 16 x 16 slices too small for asynchronous copies), 3 stages in flight, K split until
     there are GEMV_PROGRAMS_PER_SM programs an SM. Every row count takes the same tile: the dot
-    pads x to 16 rows anyway. From an H200 sweep at Qwen3-8B's shapes (docs/benchmarks.md, run
-    T): the best candidate of 19 was within 2% of this rule at 5 of 8 cases, 18-26% faster at
-    gate_up (a K split of 6 at 1 row, 2 at 16) and at o with 16 rows (64-row tiles)."""
+    pads x to 16 rows anyway (docs/decisions.md, quantization)."""
     block_w, block_n = MIN_SLICE, 128
     split = split_for(triton.cdiv(rows, block_n), K // 8, block_w, device, GEMV_PROGRAMS_PER_SM)
     return Int4GemvConfig(block_n, block_w, split, 4, 3)
@@ -123,8 +120,7 @@ def choose_gemv_config(M: int, rows: int, K: int, slice_width: int,
 
 def choose_gemm_config(M: int, slice_width: int, device: torch.device) -> Int4GemmConfig:
     """Tiles for more rows: 64 x rows by 128 weight rows, 16-word tiles, 4 warps, the fastest
-    of 8 candidates at every Qwen3-8B projection with 8,192 rows on an H200 (1.6-1.7x the
-    128 x 128, 8-warp tile: 190-240 TFLOP/s; docs/benchmarks.md, run T)."""
+    of the candidates swept at prefill sizes (docs/decisions.md, quantization)."""
     hip = device.type == "cuda" and torch.version.hip is not None
     return Int4GemmConfig(64, 128, MIN_SLICE, 8, 4, 2 if hip else 3)
 
@@ -468,9 +464,7 @@ def _launch_gemv(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None,
                  residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if rms is not None:
-        # normalised by a launch of its own: folded into x's slices (norm weight loads in the
-        # loop) the GEMV ran at a third of its plain speed (Qwen2.5-Coder-32B gate_up, 1 row:
-        # 295 us against 82, H200, run T)
+        # normalised by a launch of its own: folded into x's slices the GEMV ran far slower
         x = rms_norm(x, rms[1], rms[2])
     io = gemv_io(x, w.rows, w.K, bias, gated, None, residual, out_dtype, DOT_BLOCK_M,
                  "the int4 GEMV")
