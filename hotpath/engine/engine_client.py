@@ -30,7 +30,7 @@ import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.engine_process import (
     ABORT,
     ADD,
@@ -67,6 +67,7 @@ class EngineClient(EngineFront):
         self._assembler = OutputAssembler()
         self._failure: str | None = None  # what a FAILED message said
         self._stopping = False
+        self._stopped = False
 
     @property
     def pid(self) -> int:
@@ -79,23 +80,34 @@ class EngineClient(EngineFront):
 
         Raises the engine's own ValueError / FileNotFoundError for a bad model or flag, and
         EngineStartupError for anything else that stops it (its traceback is in its log)."""
+        process, conn = cls.spawn(args)
+        return cls.connect(process, conn, args)
+
+    @staticmethod
+    def spawn(args: EngineArgs, name: str = "hotpath-engine",
+              env: dict[str, str] | None = None) -> tuple[BaseProcess, Connection]:
+        """Starts an engine process without waiting for it, so that several load at once (data
+        parallelism); `env` is set in its environment (which GPUs it sees). `connect` then waits."""
         ctx = multiprocessing.get_context("spawn")
         conn, child_conn = ctx.Pipe()
-        process = ctx.Process(target=run_engine_process, name="hotpath-engine",
+        process = ctx.Process(target=run_engine_process, name=name,
                               args=(child_conn, args, logging.getLogger().getEffectiveLevel()))
         # ignored signals stay ignored through exec, so the child ignores Ctrl-C from its first
         # instruction, not only once its imports are done
-        with _signals_ignored(signal.SIGINT, signal.SIGTERM):
+        with _signals_ignored(signal.SIGINT, signal.SIGTERM), _environment(env or {}):
             process.start()
         child_conn.close()  # else this process's copy would hold the pipe open after the child died
+        return process, conn
+
+    @classmethod
+    def connect(cls, process: BaseProcess, conn: Connection, args: EngineArgs,
+                load_tokenizer: bool = True) -> EngineClient:
+        """Waits until the spawned process's engine is loaded; on any failure kills the process.
+
+        `load_tokenizer=False` leaves `tokenizer` None: data-parallel replicas share one."""
         try:
             info = _wait_until_ready(process, conn)
-            tokenizer = None
-            if not args.skip_tokenizer_init:
-                # for /tokenize, chat templates and prompt checks; the engine process has its own
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or info.model_dir)
+            tokenizer = load_tokenizer_for(args, info) if load_tokenizer else None
         except BaseException:  # a startup error (the child is exiting) or an interrupt: no waiting
             process.kill()
             process.join()
@@ -117,6 +129,15 @@ class EngineClient(EngineFront):
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stops the engine process (it aborts what is left) and fails every open stream."""
+        if self._stopped:
+            return
+        self.request_shutdown()
+        self._stopped = True
+        _stop(self.process, self._conn, timeout)
+
+    def request_shutdown(self) -> None:
+        """Tells the engine process to stop without waiting for it, so that several stop at once
+        (data parallelism); `shutdown` then waits."""
         if self._stopping:
             return
         self._stopping = True
@@ -125,11 +146,19 @@ class EngineClient(EngineFront):
             with contextlib.suppress(OSError):
                 self._conn.send((SHUTDOWN,))
             self._fail_all(EngineDeadError("the engine stopped"))
-        _stop(self.process, self._conn, timeout)
 
     @property
     def is_running(self) -> bool:
         return self._loop is not None and self.error is None and not self._stopping
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests sent and not yet finished or aborted (a data-parallel router's load)."""
+        return len(self._pending) + len(self._streams)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the request was sent here and has not finished or been aborted."""
+        return request_id in self._pending or request_id in self._streams
 
     # ---- requests -----------------------------------------------------------------------------
     async def add_request(
@@ -247,6 +276,16 @@ class EngineClient(EngineFront):
             self._loop.remove_reader(self.process.sentinel)
 
 
+def load_tokenizer_for(args: EngineArgs, info: ModelInfo) -> object | None:
+    """The server's copy of the engine's tokenizer, for /tokenize, chat templates and prompt
+    checks (the engine process has its own); None with skip_tokenizer_init."""
+    if args.skip_tokenizer_init:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(args.tokenizer or info.model_dir)
+
+
 def _wait_until_ready(process: BaseProcess, conn: Connection) -> ModelInfo:
     multiprocessing.connection.wait([conn, process.sentinel])
     try:
@@ -280,6 +319,21 @@ def _exit_description(exitcode: int | None) -> str:
     if exitcode < 0:
         return f"killed by {signal.Signals(-exitcode).name}, exit code {exitcode}"
     return f"exit code {exitcode}"
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """Sets environment variables for a child about to be spawned, then restores them."""
+    previous = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """What the server calls to run requests: the engine front's interface and the types it hands out.
 
-Two fronts implement it: `EngineClient` (engine_client.py), which drives an Engine in a process of its
-own and is what `hotpath serve` uses, and `AsyncEngine` (async_engine.py), which drives one from a
-thread of the server's process (tests, and `--no-engine-process` for comparisons). The HTTP layer
+Three fronts implement it: `EngineClient` (engine_client.py), which drives an Engine in a process of
+its own and is what `hotpath serve` uses, `DataParallelFront` (dp_front.py), which routes requests
+over several EngineClients (`--data-parallel-size`), and `AsyncEngine` (async_engine.py), which
+drives one from a thread of the server's process (tests, and `--no-engine-process` for comparisons). The HTTP layer
 sees only this file's names, so it is the same over either.
 
 Everything here runs on the server's asyncio event loop unless a method says otherwise.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from hotpath.outputs import RequestOutput
@@ -61,6 +62,34 @@ class EngineStats:
         self.spec_num_drafts, self.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
         self.spec_num_accepted_tokens = spec.num_accepted_tokens
         self.spec_accepted_per_pos = tuple(spec.accepted_per_pos)
+
+    @classmethod
+    def combined(cls, parts: list[EngineStats]) -> EngineStats:
+        """Several engines' stats as one (data-parallel replicas): counts and counters add up,
+        the KV cache usage is their mean (each replica has a cache of the same size)."""
+        total = cls()
+        for f in fields(cls):
+            values = [getattr(p, f.name) for p in parts]
+            if f.name == "kv_cache_usage":
+                value = sum(values) / len(values) if values else 0.0
+            elif f.name == "spec_accepted_per_pos":
+                width = max((len(v) for v in values), default=0)
+                value = tuple(sum(v[i] for v in values if i < len(v)) for i in range(width))
+            else:
+                value = sum(values)
+            setattr(total, f.name, value)
+        return total
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One data-parallel replica as /metrics shows it: what the router sent it, and its engine's."""
+
+    routed: int  # requests the router sent to it
+    prefix_routed: int  # of those, how many went to it for a cached prefix of their prompt
+    in_flight: int  # requests sent and not yet finished
+    alive: bool
+    stats: EngineStats
 
 
 @dataclass(frozen=True)
@@ -180,6 +209,10 @@ class EngineFront(ABC):
     @abstractmethod
     def abort(self, request_id: str) -> None:
         """Stops the request and frees its KV blocks before the engine's next step."""
+
+    def replicas(self) -> list[ReplicaStats]:
+        """Each data-parallel replica's share, for /metrics; empty for a front of one engine."""
+        return []
 
     async def generate(
         self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams

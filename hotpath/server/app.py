@@ -177,7 +177,7 @@ def build_app(
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return PlainTextResponse(metrics.render(front.stats),
+        return PlainTextResponse(metrics.render(front.stats, front.replicas()),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")

@@ -14,7 +14,8 @@ import sys
 
 import uvicorn
 
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
+from hotpath.engine.dp_front import DataParallelFront
 from hotpath.engine.engine_client import EngineClient, EngineStartupError
 from hotpath.engine.front import EngineFront
 
@@ -67,8 +68,14 @@ def run_server(
         app = build_app(front, name, api_key=api_key,
                         max_body_bytes=DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes)
         info = front.info
-        where = (f"engine process {front.pid}" if isinstance(front, EngineClient)
-                 else "engine in the server's process")
+        if isinstance(front, DataParallelFront):
+            on = f" on GPUs {' | '.join(front.gpus)}" if front.gpus else ""
+            where = (f"{len(front.clients)} data-parallel replicas{on}, engine processes "
+                     f"{', '.join(map(str, front.pids))}")
+        elif isinstance(front, EngineClient):
+            where = f"engine process {front.pid}"
+        else:
+            where = "engine in the server's process"
         shown_host = f"[{host}]" if ":" in host else host
         print(f"hotpath serve: model {name} ({info.model_dir}) on {info.device}, {info.dtype}; KV cache "
               f"{info.kv_capacity} tokens ({info.num_kv_blocks} blocks of {info.block_size}); "
@@ -93,6 +100,11 @@ def run_server(
 
 def _start_engine(engine_args: EngineArgs, engine_process: bool) -> EngineFront:
     """The engine front; loads the model before returning."""
+    if getattr(engine_args, "data_parallel_size", 1) != 1:
+        if not engine_process:
+            raise ValueError("data parallelism runs each replica in an engine process of its own; "
+                             "drop --no-engine-process")
+        return DataParallelFront.launch(engine_args)
     if engine_process:
         return EngineClient.launch(engine_args)
     from hotpath.engine.async_engine import AsyncEngine

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Sequence
 
-from hotpath.engine.front import EngineStats
+from hotpath.engine.front import EngineStats, ReplicaStats
 from hotpath.outputs import RequestOutput
 
 # Bucket upper bounds in seconds: from GPU decode steps (ms) to CPU requests (minutes).
@@ -83,7 +84,9 @@ class ServerMetrics:
             key = (route, status)
             self.http[key] = self.http.get(key, 0) + 1
 
-    def render(self, stats: EngineStats) -> str:
+    def render(self, stats: EngineStats, replicas: Sequence[ReplicaStats] = ()) -> str:
+        """The exposition text; `stats` are the engine's (summed over data-parallel replicas), and
+        `replicas` add a series per replica for what the router sent each."""
         label = f'model_name="{_escape(self.model_name)}"'
         lines: list[str] = []
 
@@ -120,6 +123,21 @@ class ServerMetrics:
             lines += [f"# HELP {name} Speculative decoding: drafts accepted, by draft position (0 = first).",
                       f"# TYPE {name} counter"]
             lines += [f'{name}{{{label},position="{i}"}} {n}' for i, n in enumerate(stats.spec_accepted_per_pos)]
+        if replicas:
+            per_replica = [
+                ("dp_requests_routed_total", "counter", "Requests the router sent to each replica.",
+                 lambda r: r.routed),
+                ("dp_requests_prefix_routed_total", "counter",
+                 "Requests sent to a replica for a prefix of their prompt it was sent before.",
+                 lambda r: r.prefix_routed),
+                ("dp_requests_in_flight", "gauge", "Requests sent to each replica and not finished.",
+                 lambda r: r.in_flight),
+                ("dp_replica_alive", "gauge", "1 while the replica's engine process serves, else 0.",
+                 lambda r: int(r.alive)),
+            ]
+            for name, kind, help_text, value in per_replica:
+                lines += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}"]
+                lines += [f'{PREFIX}{name}{{{label},replica="{i}"}} {value(r)}' for i, r in enumerate(replicas)]
         with self._lock:
             name = f"{PREFIX}request_success_total"
             lines += [f"# HELP {name} Finished sequences (n per request), by finish reason.",
