@@ -12,7 +12,6 @@ back to back with itself, which is what the kernel benchmarks time.
 """
 
 import argparse
-import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -23,17 +22,10 @@ import triton.language as tl
 
 import hotpath.layers.attention as layer_attention
 import hotpath.ops.linear as linear_ops
-import hotpath.runner.model_runner as model_runner
 from hotpath.ops.attention import triton_decode
 from hotpath.ops.linear import triton_gemv
 from hotpath.ops.rotary import qk_norm_rope_and_cache
-from hotpath.ops.sampling import triton as sampling_triton
-from hotpath.ops.triton_utils import (
-    pdl_enabled,
-    pdl_launch_dependents,
-    pdl_wait,
-    shared_memory_carveout,
-)
+from hotpath.ops.triton_utils import pdl_enabled, pdl_launch_dependents, pdl_wait
 from profile_decode import decoding_engine  # benchmarks/ is on the path when run as a script
 
 
@@ -235,46 +227,12 @@ GEMV = {
 }
 
 
-def _carveouts(percent: int, every_graph: bool = False, **by_kernel: int) -> list[tuple[object, str, object]]:
-    """The batch-1 graph (every graph) captured with every kernel asking for `percent`% shared
-    memory, and the kernels named asking for their own share (other graphs: the driver's choice)."""
-    def carveout(self, bs: int):
-        if bs == 1 or every_graph:
-            return shared_memory_carveout(percent, by_kernel)
-        return contextlib.nullcontext()
-    return [(model_runner.ModelRunner, "_decode_carveout", carveout)]
-
-
-ATTENTION_KERNELS = ("_decode_split_kernel", "_merge_head_kernel")
-
-# Other variants: attributes set on modules while the variant's graph is captured (a script may
-# add entries and call main()). The variants of runs I-N that needed a kernel switch in the product
-# (merge in the attention kernel, query rows padded, every split through the tile loop; run L's
-# w_evict_normal and carveoutN, the default eviction policy for the GEMV's weights and other
-# shares of the batch-1 graph's L1 / shared memory) are gone with their switches: docs/decisions.md
-PATCHES: dict[str, list[tuple[object, str, object]]] = {
-    # at 8 q heads a kv head (Qwen3-32B) 8192 partials a round took two rounds for 9 splits
-    # (run H call 4); merge_min1: the rule before MIN_MERGE_SPLITS
-    "merge16k": [(triton_decode, "MERGE_ELEMENTS", 16384)],
-    "merge_min1": [(triton_decode, "MIN_MERGE_SPLITS", 1)],
-    # the merge kernel over 1 or 4 warps (2 since run J)
-    "merge_w1": [(triton_decode, "MERGE_KERNEL_WARPS", 1)],
-    "merge_w4": [(triton_decode, "MERGE_KERNEL_WARPS", 4)],
-    # steps of 2 rows (--batch-size 2) as before run K: cuBLAS on weights taller than wide or over
-    # 32 MB, so the unfused layer forward, and tensor cores in the GEMV
-    "rows_old": [(linear_ops, "GEMV_FMA_MAX_ROWS", 1)],
-    # the greedy sampler's two kernels launched without PDL, as before run N
-    "sampler_no_pdl": [(sampling_triton, "pdl_enabled", lambda device: False)],
-    # the batch-1 graph with the attention kernels or the GEMVs asking for other shares than the rest
-    **{f"c{p}_attn{a}": _carveouts(p, **dict.fromkeys(ATTENTION_KERNELS, a))
-       for p, a in ((10, 5), (10, 20), (10, 30), (5, 10), (15, 10))},
-    **{f"c10_gemv{g}": _carveouts(10, _gemv_kernel=g) for g in (5, 8, 12, 15)},
-    # every graph (any batch) captured with every kernel asking for N%
-    **{f"all_carveout{n}": _carveouts(n, every_graph=True) for n in (5, 10, 20, 30)},
-}
-# the code as it is, captured again (each capture in a memory pool of its own)
-PATCHES |= {f"again{n}": [] for n in range(2, 6)}
-ALL = ["full", *PATCHES, *ATTENTION, *GEMV]
+# The graph as it is, captured again (each capture in a memory pool of its own): the spread
+# between identical graphs. Variants that needed the product patched (module constants such as
+# the merge's rounds and warps, the two-row GEMV rule, the sampler's PDL, the runner's carveout)
+# are gone; docs/decisions.md has what they measured.
+AGAIN = [f"again{n}" for n in range(2, 6)]
+ALL = ["full", *AGAIN, *ATTENTION, *GEMV]
 
 
 def main() -> None:
@@ -287,32 +245,31 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(ALL), help=f"comma-separated, from: {', '.join(ALL)}")
     ns = ap.parse_args()
     names = ns.variants.split(",")
-    known = ["full", *PATCHES, *ATTENTION, *GEMV]  # PATCHES as a calling script left them
-    if unknown := [n for n in names if n not in known]:
-        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(known)}")
+    if unknown := [n for n in names if n not in ALL]:
+        raise SystemExit(f"unknown variants {unknown}; choose from {', '.join(ALL)}")
     engine = decoding_engine(ns.preset, ns.batch_size)
-    runner = engine.runner
+    runner = engine.executor.runner
     seqs = list(engine.scheduler.running)
     assert len(seqs) == ns.batch_size
     num_layers = len(runner.model.model.layers)
+    # The variants swap two functions while their graph is captured (the layers take no kernel or
+    # tile argument): the attention call the layer makes, and the GEMV's tile rule. Only this
+    # process sees it, and both are put back before timing.
     attention, choose_config = layer_attention.rope_and_paged_attention, triton_gemv.choose_config
     graphs = {}
-    for name in names:
-        layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
-        table = GEMV.get(name, {})
-        triton_gemv.choose_config = lambda M, N, K, device, t=table: (
-            t[(N, K)] if (N, K) in t and linear_ops.fma_rows(M, N, K) else choose_config(M, N, K, device))
-        kept = [(module, attr, getattr(module, attr)) for module, attr, _ in PATCHES.get(name, [])]
-        for module, attr, value in PATCHES.get(name, []):
-            setattr(module, attr, value)
-        runner.graphs = {}
-        runner._capture_decode_graphs()
-        for module, attr, value in kept:
-            setattr(module, attr, value)
-        runner.decode_inputs.fill(seqs, ns.batch_size)
-        # the inputs stay referenced: every capture allocates its own
-        graphs[name] = (*runner.graphs[ns.batch_size], runner.decode_inputs)
-    layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
+    try:
+        for name in names:
+            layer_attention.rope_and_paged_attention = ATTENTION.get(name, attention)
+            table = GEMV.get(name, {})
+            triton_gemv.choose_config = lambda M, N, K, device, t=table: (
+                t[(N, K)] if (N, K) in t and linear_ops.fma_rows(M, N, K) else choose_config(M, N, K, device))
+            runner.graphs = {}
+            runner._capture_decode_graphs()
+            runner.decode_inputs.fill(seqs, ns.batch_size)
+            # the inputs stay referenced: every capture allocates its own
+            graphs[name] = (*runner.graphs[ns.batch_size], runner.decode_inputs)
+    finally:
+        layer_attention.rope_and_paged_attention, triton_gemv.choose_config = attention, choose_config
 
     # every graph's logits for the same inputs against the first's: GEMV configs change only the
     # order of fp32 sums (attention stand-ins compute something else)

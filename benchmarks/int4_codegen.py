@@ -52,6 +52,10 @@ from hotpath.ops.linear import triton_gemv  # noqa: E402
 from hotpath.ops.quant import triton_int4  # noqa: E402
 from hotpath.ops.triton_utils import compile_launch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+import launch_capture  # noqa: E402
+from launch_capture import Launch  # noqa: E402
+
 META = torch.device("meta")
 SM90 = GPUTarget("cuda", 90, 32)
 H200_SMS = 132
@@ -66,33 +70,11 @@ def e(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype, device=META)
 
 
-class _Capture:
-    """Stands in for a @triton.jit kernel: records the launch instead of running it."""
-
-    def __getitem__(self, grid):
-        self.grid = grid
-        return self
-
-    def __call__(self, *args, **kwargs):
-        self.args = args
-        self.kwargs = {k: v for k, v in kwargs.items() if k != "launch_pdl"}
-        if "USE_PDL" in self.kwargs:
-            self.kwargs["USE_PDL"] = True
+def capture(kernel_name: str, launch) -> Launch:
+    return launch_capture.capture(triton_int4, kernel_name, launch)
 
 
-def capture(kernel_name: str, launch) -> _Capture:
-    kernel = getattr(triton_int4, kernel_name)
-    cap = _Capture()
-    setattr(triton_int4, kernel_name, cap)
-    try:
-        launch()
-    finally:
-        setattr(triton_int4, kernel_name, kernel)
-    cap.fn = kernel
-    return cap
-
-
-def gemv_launch(proj: str, rows: int, cfg) -> _Capture:
+def gemv_launch(proj: str, rows: int, cfg) -> Launch:
     N, K, form = SHAPES[proj]
     w = (e(N, K // 8, dtype=torch.int32), e(N, K // GROUP), e(N, K // GROUP, dtype=torch.uint8), GROUP)
     cfg = replace(cfg, asm=True)
@@ -107,7 +89,7 @@ def gemv_launch(proj: str, rows: int, cfg) -> _Capture:
     return capture("_int4_gemv_kernel", run)
 
 
-def gemm_launch(proj: str, rows: int, cfg) -> _Capture:
+def gemm_launch(proj: str, rows: int, cfg) -> Launch:
     N, K, _ = SHAPES[proj]
     w = (e(N, K // 8, dtype=torch.int32), e(N, K // GROUP), e(N, K // GROUP, dtype=torch.uint8), GROUP)
     return capture("_int4_gemm_kernel", lambda: triton_int4.int4_gemm(
@@ -170,7 +152,7 @@ CLASSES = {
 }
 
 
-def facts(cap: _Capture, words_per_iter: int) -> dict:
+def facts(cap: Launch, words_per_iter: int) -> dict:
     """Codegen facts of one captured launch; `words_per_iter`: qweight words a program takes in
     its main loop's iteration."""
     kernel = compile_launch(cap.fn, cap.args, cap.kwargs, SM90)
@@ -242,7 +224,6 @@ def configs(sweep: bool) -> list[tuple[str, str, int, object]]:
             out.append(("gemv", proj, rows, triton_int4.choose_gemv_config(rows, N, K, 16, _H200)))
         out.append(("gemm", proj, 8192, triton_int4.choose_gemm_config(8192, 16, _H200)))
     if sweep:
-        sys.path.insert(0, os.path.dirname(__file__))
         import bench_quant_gemv as bench
 
         seen = {(k, c) for k, _, _, c in out}
@@ -259,12 +240,21 @@ def configs(sweep: bool) -> list[tuple[str, str, int, object]]:
 
 
 class _H200Device:
-    """torch.device("cuda") as the config rules see it, without a GPU (sm_count is patched)."""
+    """torch.device("cuda") as the config rules see it, without a GPU (see sms_seen)."""
     type = "cuda"
     index = 0
 
 
 _H200 = _H200Device()
+
+
+def _facts(kind: str, proj: str, rows: int, cfg) -> dict | Exception:
+    try:
+        if kind == "gemv":
+            return facts(gemv_launch(proj, rows, cfg), words_per_iter_gemv(cfg))
+        return facts(gemm_launch(proj, rows, cfg), words_per_iter_gemm(cfg))
+    except Exception as ex:  # a config that does not compile
+        return ex
 
 
 def main() -> None:
@@ -284,29 +274,25 @@ def main() -> None:
     print(f"{'kernel':6} {'proj':8} {'rows':>5} " + " ".join(f"{short.get(c, c):>6}" for c in cols) + "  config")
     rows_out = []
     # the config rules and the launches size splits for an H200's SMs
-    triton_int4.sm_count = triton_gemv.sm_count = lambda device: H200_SMS
-    for kind, proj, rows, cfg in configs(args.sweep):
-        try:
-            if kind == "gemv":
-                r = facts(gemv_launch(proj, rows, cfg), words_per_iter_gemv(cfg))
-            else:
-                r = facts(gemm_launch(proj, rows, cfg), words_per_iter_gemm(cfg))
-        except Exception as ex:  # a config that does not compile
-            print(f"{kind:6} {proj:8} {rows:5d} error {type(ex).__name__}: {str(ex)[:200]} {cfg}")
-            continue
-        asm = r.pop("_asm")
-        if args.dump:
-            os.makedirs(args.dump, exist_ok=True)
-            stem = os.path.join(args.dump, f"{kind}_{proj}_{rows}_" + "_".join(
-                str(v) for v in asdict(cfg).values()))
-            for ext in ("ttgir", "ptx"):
-                with open(f"{stem}.{ext}", "w") as f:
-                    f.write(asm[ext])
-            with open(f"{stem}.sass", "w") as f:
-                f.write("\n".join(t for _, t in _sass(asm["cubin"])[0]))
-        print(f"{kind:6} {proj:8} {rows:5d} " + " ".join(f"{r[c] if r[c] is not None else '-':>6}" for c in cols)
-              + f"  {cfg}", flush=True)
-        rows_out.append({"kernel": kind, "proj": proj, "rows": rows, "config": asdict(cfg), **r})
+    with launch_capture.sms_seen(H200_SMS, triton_gemv):  # split_for, which triton_int4 calls too
+        for kind, proj, rows, cfg in configs(args.sweep):
+            r = _facts(kind, proj, rows, cfg)
+            if isinstance(r, Exception):  # a config that does not compile
+                print(f"{kind:6} {proj:8} {rows:5d} error {type(r).__name__}: {str(r)[:200]} {cfg}")
+                continue
+            asm = r.pop("_asm")
+            if args.dump:
+                os.makedirs(args.dump, exist_ok=True)
+                stem = os.path.join(args.dump, f"{kind}_{proj}_{rows}_" + "_".join(
+                    str(v) for v in asdict(cfg).values()))
+                for ext in ("ttgir", "ptx"):
+                    with open(f"{stem}.{ext}", "w") as f:
+                        f.write(asm[ext])
+                with open(f"{stem}.sass", "w") as f:
+                    f.write("\n".join(t for _, t in _sass(asm["cubin"])[0]))
+            print(f"{kind:6} {proj:8} {rows:5d} " + " ".join(f"{r[c] if r[c] is not None else '-':>6}" for c in cols)
+                  + f"  {cfg}", flush=True)
+            rows_out.append({"kernel": kind, "proj": proj, "rows": rows, "config": asdict(cfg), **r})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows_out, f, indent=1)

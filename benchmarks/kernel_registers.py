@@ -21,39 +21,17 @@ import torch  # noqa: E402
 from hotpath.ops.attention import triton_decode  # noqa: E402
 from hotpath.ops.linear import triton_gemv  # noqa: E402
 from hotpath.ops.triton_utils import compiled_resources  # noqa: E402
+from launch_capture import capture  # noqa: E402  (benchmarks/ is on the path when run as a script)
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE = 32, 8, 128, 4096, 12288
 BF16 = dict(dtype=torch.bfloat16)
 
 
-class _Capture:
-    """Stands in for a @triton.jit kernel: records the launch instead of running it."""
-
-    def __getitem__(self, grid):
-        return self
-
-    def __call__(self, *args, **kwargs):
-        self.args = args
-        self.kwargs = {k: v for k, v in kwargs.items() if k != "launch_pdl"} | {"USE_PDL": True}
-
-
 def resources(module, kernel_name: str, launch, others: tuple[str, ...] = ()) -> tuple[int, int]:
-    """The kernel's [registers, spilled bytes] as `launch` calls it; `others`: kernels the same
-    launch also calls, stubbed out."""
-    names = (kernel_name, *others)
-    kernels, sm_count = {n: getattr(module, n) for n in names}, module.sm_count
-    captures = {n: _Capture() for n in names}
-    for n in names:
-        setattr(module, n, captures[n])
-    module.sm_count = lambda device: 132
-    try:
-        launch()
-    finally:
-        for n in names:
-            setattr(module, n, kernels[n])
-        module.sm_count = sm_count
-    capture = captures[kernel_name]
-    return compiled_resources(kernels[kernel_name], capture.args, capture.kwargs)
+    """The kernel's [registers, spilled bytes] as `launch` calls it on an H200 (132 SMs), PDL on;
+    `others`: kernels the same launch also calls, recorded and dropped."""
+    recorded = capture(module, kernel_name, launch, others, sms=132, use_pdl=True)
+    return compiled_resources(recorded.fn, recorded.args, recorded.kwargs)
 
 
 def decode_attention(batch: int, kernel: str = "_decode_split_kernel") -> tuple[int, int]:
