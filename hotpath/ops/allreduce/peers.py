@@ -8,7 +8,7 @@ tensors standing in for the ranks' buffers (see make_local_peers).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +16,8 @@ import torch
 # pad holds 2 barriers x MAX_PROGRAMS x world flags a rank.
 MAX_PROGRAMS = 32
 BARRIERS = 2  # start (peers done with the previous call) and mid (peers' partials written)
+MAX_HIDDEN = 16384  # a row is held in registers, as the norm kernels hold it
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def signal_pad_words(world: int) -> int:
@@ -34,6 +36,8 @@ class PeerBuffers:
     capacity: int  # bytes of each rank's buffer
     buffers: tuple[torch.Tensor, ...] = ()  # [world] uint8 [capacity] views, where addressable
     signal_pads: tuple[torch.Tensor, ...] = ()  # [world] int32 flags, where addressable
+    # what the addresses stay valid for as long as it lives (symmetric memory's buffer and handle)
+    keep_alive: tuple = field(default=(), repr=False, compare=False)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether x's bytes fit a buffer (a message that does not takes the NCCL path)."""
@@ -44,6 +48,16 @@ class PeerBuffers:
         if not self.buffers:
             raise RuntimeError("these peer buffers are not addressable as tensors from this process")
         return self.buffers[peer][: numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
+
+
+def one_shot_fits(x: torch.Tensor, peers: PeerBuffers, fused_norm: bool) -> bool:
+    """Whether the one-shot kernel takes `x` (the all-reduce + norm's [tokens, hidden] partial
+    with `fused_norm`, else a plain all-reduce's in-place message) on these peer buffers."""
+    if x.dtype not in DTYPES or not peers.fits(x) or x.device != peers.buffer_ptrs.device:
+        return False
+    if fused_norm:
+        return x.dim() == 2 and x.shape[-1] <= MAX_HIDDEN
+    return x.is_contiguous()
 
 
 def make_local_peers(world: int, capacity: int, shared: bool = False) -> list[PeerBuffers]:

@@ -42,12 +42,11 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.allreduce.peers import MAX_PROGRAMS, PeerBuffers
+from hotpath.ops.allreduce.peers import DTYPES, MAX_HIDDEN, MAX_PROGRAMS, PeerBuffers
 from hotpath.ops.quant import reference as quant_reference
 from hotpath.ops.quant.triton_quant import _scale_of, _to_fp8
 from hotpath.ops.triton_utils import row_warps, tl_dtype
 
-MAX_HIDDEN = 16384  # a row is held in registers, as the norm kernels hold it
 FLAT_ROW = 4096  # the row width a plain all-reduce splits its flat message into
 MODE_SUM, MODE_NORM, MODE_NORM_FP8 = 0, 1, 2
 
@@ -152,7 +151,7 @@ def _one_shot_kernel(
 
 
 def _check(x: torch.Tensor, peers: PeerBuffers, name: str = "x") -> None:
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if x.dtype not in DTYPES:
         raise ValueError(f"the one-shot all-reduce takes float32, float16 or bfloat16, not {x.dtype}")
     if not peers.fits(x):
         raise ValueError(f"{name}'s {x.numel() * x.element_size()} bytes do not fit the "
