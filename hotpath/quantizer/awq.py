@@ -101,7 +101,7 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, group_size: int, rows_at_once:
     N, K = w.shape
     G = K // group_size
     # each group's partial outputs as one batched matmul over the groups (a broadcast product
-    # of [rows, T, G, group_size] took ~4 minutes per Qwen2.5-0.5B layer on two CPU cores)
+    # of [rows, T, G, group_size] is far slower)
     xg = x.float().reshape(x.shape[0], G, group_size).transpose(0, 1)  # [G, T, group_size]
     clipped = torch.empty_like(w, dtype=torch.float32)
     for start in range(0, N, rows_at_once):
