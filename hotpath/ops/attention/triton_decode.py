@@ -22,7 +22,7 @@ late, for fewer registers.
 Past the wait the chain is mostly instructions, so the query is normed and rotated on its real
 rows only (2 at one token and 2 q heads a kv head, not the 16 the dots take), and a split holding
 one tile attends to it without the pipelined tile loop, from cache rows computed before the wait.
-docs/decisions.md (decode attention) has the figures and what was tried and reverted.
+docs/decisions.md (attention) has the figures and what was tried and reverted.
 
 The number of splits is fixed on the host (from the batch size and max_context_len, so a CUDA graph
 captured with max_context_len = max_model_len stays valid), but each sequence spreads its own
