@@ -65,8 +65,8 @@ def _check_address(init_method: str, backend: str, rank: int, world_size: int) -
         parsed = urlparse(init_method)
         try:
             host, port = parsed.hostname, parsed.port
-        except ValueError as e:
-            raise DistributedInitError(f"bad init_method {init_method!r}: {e}") from None
+        except ValueError as e:  # urllib's "Port out of range" or a port that is not a number
+            raise DistributedInitError(f"the port of {init_method!r} is not a port number (1-65535): {e}") from None
         if not host or port is None:
             raise DistributedInitError(f"init_method {init_method!r} must be tcp://HOST:PORT")
     else:
