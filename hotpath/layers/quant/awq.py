@@ -19,7 +19,13 @@ import torch
 
 from hotpath.layers.quant.base import QuantConfig, checkpoint_param
 from hotpath.layers.quant.ignore import IgnoreList
-from hotpath.layers.quant.int4 import AWQ_ORDER, Int4LinearMethod, to_int4_layout, unpack_int4
+from hotpath.layers.quant.int4 import (
+    AWQ_ORDER,
+    Int4LinearMethod,
+    effective_group_size,
+    to_int4_layout,
+    unpack_int4,
+)
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
@@ -36,11 +42,16 @@ def awq_to_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
 
 class AwqLinearMethod(Int4LinearMethod):
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
+        # a row-parallel rank's inputs are whole groups of the full layer's (checked by Linear)
+        G_full = effective_group_size(self.group_size, layer.full_in_features)
         G = self._check_shapes(layer, in_features)
         K, N = in_features, out_features
-        layer.qweight = checkpoint_param(torch.empty(K, N // 8, dtype=torch.int32), 1, 8)
-        layer.qzeros = checkpoint_param(torch.empty(K // G, N // 8, dtype=torch.int32), 1, 8)
-        layer.scales = checkpoint_param(torch.empty(K // G, N), 1)
+        layer.qweight = checkpoint_param(torch.empty(K, N // 8, dtype=torch.int32), 1, 8,
+                                         input_dim=0)  # [K, N/8]
+        layer.qzeros = checkpoint_param(torch.empty(K // G, N // 8, dtype=torch.int32), 1, 8,
+                                        input_dim=0, input_pack=G_full)  # [K/G, N/8]
+        layer.scales = checkpoint_param(torch.empty(K // G, N), 1, input_dim=0,
+                                        input_pack=G_full)  # [K/G, N]
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         qweight, scales, qzeros = awq_to_int4(layer.qweight.data, layer.qzeros.data, layer.scales.data,

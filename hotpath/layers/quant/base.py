@@ -32,15 +32,26 @@ def checkpoint_param(
     output_dim: int | None = 0,
     pack_factor: int = 1,
     from_checkpoint: bool = True,
+    input_dim: int | None = None,
+    input_pack: int = 1,
 ) -> nn.Parameter:
     """A parameter in a checkpoint layout: the stacked projections' outputs lie along `output_dim`,
     `pack_factor` output features to an element (8 nibbles to an int32, 128 rows to a block
     scale); `output_dim=None`: one row per projection (GPTQ's g_idx, the same for all).
-    `from_checkpoint=False`: made by the method while loading, not read (online scales)."""
+    `from_checkpoint=False`: made by the method while loading, not read (online scales).
+
+    `input_dim` / `input_pack`: where the input features lie in the *checkpoint's* tensor and how
+    many to an element (None: the tensor has no input dimension), so a row-parallel Linear narrows
+    it to its rank's inputs. A method that stores finer output blocks than the checkpoint (fp8
+    block scales re-blocked for a rank's width) sets `checkpoint_pack` on the parameter: the
+    checkpoint's output features to an element, expanded to `pack_factor` as the tensor loads.
+    Linear.weight_loader is the one place that reads these (layers/linear.py)."""
     param = nn.Parameter(data, requires_grad=False)
     param.output_dim = output_dim
     param.pack_factor = pack_factor
     param.from_checkpoint = from_checkpoint
+    param.input_dim = input_dim
+    param.input_pack = input_pack
     return param
 
 

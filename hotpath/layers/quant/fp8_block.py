@@ -4,11 +4,21 @@ per linear `weight` float8_e4m3fn [N, K] and `weight_scale_inv` [ceil(N/128), ce
 fp16 or fp32; despite its name a multiplier: w = weight * scale of its block). compressed-tensors'
 FP8_BLOCK scheme is the same layout with the scale named `weight_scale`.
 
-Activations are quantized per token and 128-column group as the layer runs (dynamic)."""
+Activations are quantized per token and 128-column group as the layer runs (dynamic).
+
+Under tensor parallelism a column-parallel rank's outputs need not start on a 128-row block
+(Qwen3-235B-A22B's 1536-wide projections at 8 ranks give 192 rows a rank): the layer then keeps
+its scales in finer row blocks, the largest power of 2 dividing 128 and every start and width of
+the rank's parts (64 for 192), each checkpoint scale row repeated as it loads (Linear.rank_part
+reads `checkpoint_pack`). The same numbers, a few more scales. A row-parallel rank's inputs must
+be whole 128-column blocks: the activations are quantized per block, so a finer split would
+change the layer's arithmetic."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import math
 
 import torch
 
@@ -28,18 +38,33 @@ if TYPE_CHECKING:
 
 class Fp8BlockLinearMethod(Fp8LinearMethod):
     def __init__(self, block_size: BlockSize, scale_name: str) -> None:
-        self.block_size = block_size
+        self.block_size = block_size  # what the kernels read (finer rows under tp, see above)
+        self.checkpoint_block = block_size
         self.scale_name = scale_name
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
-        bn, bk = self.block_size
+        stored_bn, bk = self.checkpoint_block
+        bn = stored_bn
+        if layer.output_ranges is not None:
+            bn = math.gcd(bn, *(v for part in layer.output_ranges for v in part))
+        if layer.input_range is not None and any(v % bk for v in layer.input_range):
+            start, size = layer.input_range
+            raise ValueError(
+                f"row-parallel fp8 block-scaled Linear: this rank's inputs [{start}, {start + size}) "
+                f"of {layer.full_in_features} are not whole {bk}-column blocks (the activations are "
+                f"quantized per block); use a tensor-parallel size that splits {layer.full_in_features} "
+                f"into multiples of {bk}")
+        self.block_size = (bn, bk)
         # a fused layer's block scales are its projections' stacked: each must start on a block
         # (checked as it loads: a layer the checkpoint leaves unquantized is reset before that)
         self.misaligned = [size for size in layer.output_sizes[:-1] if size % bn]
         layer.weight = checkpoint_param(
-            torch.empty(out_features, in_features, dtype=FP8_CHECKPOINT_DTYPE))  # [N, K]
+            torch.empty(out_features, in_features, dtype=FP8_CHECKPOINT_DTYPE), input_dim=1)  # [N, K]
         scale = torch.empty(-(-out_features // bn), -(-in_features // bk), dtype=torch.float32)
-        setattr(layer, self.scale_name, checkpoint_param(scale, pack_factor=bn))  # [N/bn, K/bk]
+        scale = checkpoint_param(scale, pack_factor=bn, input_dim=1, input_pack=bk)  # [N/bn, K/bk]
+        if bn != stored_bn:
+            scale.checkpoint_pack = stored_bn
+        setattr(layer, self.scale_name, scale)
 
     def load_weight(self, layer: Linear, param: torch.nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
         if self.misaligned:

@@ -35,7 +35,7 @@ class Fp8ChannelLinearMethod(Fp8LinearMethod):
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
         layer.weight = checkpoint_param(
-            torch.empty(out_features, in_features, dtype=FP8_CHECKPOINT_DTYPE))  # [N, K]
+            torch.empty(out_features, in_features, dtype=FP8_CHECKPOINT_DTYPE), input_dim=1)  # [N, K]
         layer.weight_scale = checkpoint_param(torch.empty(out_features, 1, dtype=torch.float32))
 
     def process_weights_after_loading(self, layer: Linear) -> None:
@@ -50,7 +50,7 @@ class Fp8OnlineLinearMethod(Fp8LinearMethod):
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
         device = torch.empty(0).device
         layer.weight = checkpoint_param(
-            torch.empty(out_features, in_features, dtype=fp8_dtype(device)))  # [N, K]
+            torch.empty(out_features, in_features, dtype=fp8_dtype(device)), input_dim=1)  # [N, K]
         layer.weight_scale = checkpoint_param(
             torch.empty(out_features, dtype=torch.float32), from_checkpoint=False)  # [N]
 

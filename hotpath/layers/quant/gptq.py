@@ -13,7 +13,13 @@ the default, or "gptq_v2"). Per linear, with K inputs, N outputs and G the group
 Fused projections stack along the second dimension; they share their input, so their g_idx are
 the same (checked after loading). After loading, the tensors are repacked into the kernels' int4
 layout (int4.py), act-order's columns sorted by group; MoE experts' as each projection's tensors
-arrive (int4_expert; plain order only)."""
+arrive (int4_expert; plain order only).
+
+Under tensor parallelism a row-parallel rank reads its input rows of qweight and g_idx and every
+group's scales and zeros, and keeps the groups its g_idx names (`rank_groups`): in plain order a
+contiguous run of them; with act-order (desc_act) whichever groups its columns belong to, its
+permutation then built from its own g_idx. The kernels' layout needs each kept group whole on the
+rank (group_size columns): an act-order checkpoint whose groups straddle ranks is refused."""
 
 from __future__ import annotations
 
@@ -22,7 +28,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from hotpath.layers.quant.base import QuantConfig, checkpoint_param
-from hotpath.layers.quant.int4 import Int4LinearMethod, to_int4_layout, unpack_int4
+from hotpath.layers.quant.int4 import (
+    Int4LinearMethod,
+    effective_group_size,
+    to_int4_layout,
+    unpack_int4,
+)
 
 if TYPE_CHECKING:
     from hotpath.layers.linear import Linear
@@ -51,28 +62,52 @@ def gptq_to_int4(
     return (*to_int4_layout(q, zeros.T, scales.T, group_size, g_idx, dtype), g_idx)
 
 
+def rank_groups(g_idx: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                input_range: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A row-parallel rank's g_idx [K_rank] (the full layer's group numbers), with every group's
+    qzeros / scales [groups, ...] -> the groups it uses, renumbered 0.. in their order, and only
+    their rows; each must have all its group_size columns on this rank."""
+    present, local, counts = torch.unique(g_idx.long(), return_inverse=True, return_counts=True)
+    if bool((counts != group_size).any()):
+        start, size = input_range
+        raise ValueError(f"GPTQ with act-order (desc_act): input columns [{start}, {start + size}) "
+                         f"of this tensor-parallel rank hold parts of groups of {group_size} "
+                         "columns whose other columns lie on other ranks; hotpath's int4 layout "
+                         "needs whole groups on each rank (use a checkpoint without desc_act, or "
+                         "fewer ranks)")
+    return local.to(torch.int32), qzeros[present], scales[present]
+
+
 class GptqLinearMethod(Int4LinearMethod):
     def __init__(self, group_size: int, v1_zeros: bool) -> None:
         super().__init__(group_size)
         self.v1_zeros = v1_zeros
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
-        G = self._check_shapes(layer, in_features)
+        # a row-parallel rank keeps every group's scales and zeros until its g_idx is known
+        groups = layer.full_in_features // effective_group_size(self.group_size, layer.full_in_features)
+        self._check_shapes(layer, in_features)
         K, N = in_features, out_features
-        layer.qweight = checkpoint_param(torch.empty(K // 8, N, dtype=torch.int32), 1)
-        layer.qzeros = checkpoint_param(torch.empty(K // G, N // 8, dtype=torch.int32), 1, 8)
-        layer.scales = checkpoint_param(torch.empty(K // G, N), 1)
+        layer.qweight = checkpoint_param(torch.empty(K // 8, N, dtype=torch.int32), 1,
+                                         input_dim=0, input_pack=8)  # [K/8, N]
+        layer.qzeros = checkpoint_param(torch.empty(groups, N // 8, dtype=torch.int32), 1, 8)
+        layer.scales = checkpoint_param(torch.empty(groups, N), 1)  # [groups, N]
         # one row per projection: every projection's own copy, compared after loading
         layer.g_idx = checkpoint_param(
-            torch.empty(len(layer.output_sizes), K, dtype=torch.int32), output_dim=None)
+            torch.empty(len(layer.output_sizes), K, dtype=torch.int32), output_dim=None,
+            input_dim=0)  # [projections, K]
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         g_idx = layer.g_idx.data
         if not all(torch.equal(g_idx[0], row) for row in g_idx[1:]):
             raise ValueError(f"the projections fused into one layer ({layer.checkpoint_names}) "
                              "have different g_idx; hotpath needs them to share one")
-        converted = gptq_to_int4(layer.qweight.data, layer.qzeros.data, layer.scales.data, g_idx[0],
-                                 self.group_size, self.v1_zeros, layer.scales.dtype)
+        g_idx, qzeros, scales = g_idx[0], layer.qzeros.data, layer.scales.data
+        if layer.input_range is not None:
+            g_idx, qzeros, scales = rank_groups(g_idx, qzeros, scales, self.group_size,
+                                                layer.input_range)
+        converted = gptq_to_int4(layer.qweight.data, qzeros, scales, g_idx, self.group_size,
+                                 self.v1_zeros, layer.scales.dtype)
         self._set_internal(layer, *converted)
 
 

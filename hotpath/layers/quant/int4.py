@@ -79,8 +79,12 @@ class Int4LinearMethod(LinearMethod):
     def _check_shapes(self, layer: Linear, in_features: int) -> int:
         G = effective_group_size(self.group_size, in_features)
         if in_features % G or in_features % 8:
-            raise ValueError(f"int4 quantization: in_features {in_features} must be a multiple of "
-                             f"8 and of the group size {G}")
+            split = ""
+            if getattr(layer, "input_range", None) is not None:
+                split = (f" (this tensor-parallel rank's part of {layer.full_in_features}: use a "
+                         "tensor-parallel size that splits it into whole groups)")
+            raise ValueError(f"int4 quantization: in_features {in_features}{split} must be a "
+                             f"multiple of 8 and of the group size {G}")
         for size in layer.output_sizes:
             if size % 8:
                 raise ValueError(f"int4 quantization: output parts {layer.output_sizes} must be "
