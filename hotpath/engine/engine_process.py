@@ -20,13 +20,14 @@ Detokenization and stop strings stay in the Engine, here; the server receives te
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import queue
 import signal
 import threading
 from multiprocessing.connection import Connection
 
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
 from hotpath.engine.front import EngineStats, ModelInfo
 from hotpath.engine.output_deltas import DeltaEncoder
@@ -45,7 +46,8 @@ def run_engine_process(conn: Connection, args: EngineArgs, log_level: int) -> No
     """The process's entry point (multiprocessing's target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s [engine]: %(message)s")
+    tag = multiprocessing.current_process().name.removeprefix("hotpath-")  # engine, engine-dp1, ...
+    logging.basicConfig(level=log_level, format=f"%(levelname)s %(name)s [{tag}]: %(message)s")
     loaded = threading.Event()
     threading.Thread(target=_exit_if_orphaned, args=(conn, loaded), name="orphan-watch", daemon=True).start()
     try:
@@ -66,6 +68,8 @@ def run_engine_process(conn: Connection, args: EngineArgs, log_level: int) -> No
         logger.exception("hotpath engine loop failed; no further requests will be served")
         _send_quietly(conn, (FAILED, f"{type(e).__name__}: {e}"))
         raise SystemExit(1) from None
+    finally:
+        engine.shutdown()  # a multi-process executor's workers end with the engine
 
 
 def _serve(engine: Engine, conn: Connection) -> None:

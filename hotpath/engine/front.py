@@ -59,9 +59,10 @@ class EngineStats:
         self.prefix_queried_tokens, self.prefix_hit_tokens = kv.prefix_queried_tokens, kv.prefix_hit_tokens
         self.num_preemptions = sched.num_preemptions
         spec = engine.spec_stats
-        self.spec_num_drafts, self.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
-        self.spec_num_accepted_tokens = spec.num_accepted_tokens
-        self.spec_accepted_per_pos = tuple(spec.accepted_per_pos)
+        if spec is not None:  # None without speculative decoding
+            self.spec_num_drafts, self.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
+            self.spec_num_accepted_tokens = spec.num_accepted_tokens
+            self.spec_accepted_per_pos = tuple(spec.accepted_per_pos)
 
     @classmethod
     def combined(cls, parts: list[EngineStats]) -> EngineStats:

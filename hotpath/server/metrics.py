@@ -132,6 +132,8 @@ class ServerMetrics:
                  lambda r: r.prefix_routed),
                 ("dp_requests_in_flight", "gauge", "Requests sent to each replica and not finished.",
                  lambda r: r.in_flight),
+                ("dp_prompt_tokens_total", "counter", "Prompt tokens each replica's engine accepted.",
+                 lambda r: r.stats.prompt_tokens),
                 ("dp_replica_alive", "gauge", "1 while the replica's engine process serves, else 0.",
                  lambda r: int(r.alive)),
             ]
