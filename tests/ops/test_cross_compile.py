@@ -443,6 +443,32 @@ def _moe_int4_steps(run: Run, target: Target, step: list[str], roles: dict[int, 
                       e(E, 2 * I, H // G, dtype=dtype), e(E, H, I // G, dtype=dtype), group_size=G, **zeros)
 
 
+def _allreduce_steps(run: Run, target: Target, step: list[str]) -> None:
+    """The one-shot all-reduce + residual add + RMSNorm kernel (hotpath/ops/allreduce), once, at
+    Qwen3-8B's hidden size over 2 and 8 ranks (the barriers' loops unroll per rank): one token and
+    64, with the normed output in the target's fp8, and the plain all-reduce. The peer pointers
+    are meta tensors: only the compile is checked."""
+    from hotpath.ops.allreduce import PeerBuffers
+    from hotpath.ops.allreduce import triton as one_shot
+
+    if run.name != "qwen3-8b":
+        return
+    H = 4096
+
+    def e(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device=META)
+
+    for world in (2, 8):
+        peers = PeerBuffers(0, world, e(world, dtype=torch.int64), e(world, dtype=torch.int64), 1 << 20)
+        for T in (1, 64):
+            step[0] = f"{run.name}/allreduce-tp{world}-b{T}"
+            one_shot.all_reduce_add_rms_norm(e(T, H), e(T, H), e(H), 1e-6, peers)
+        step[0] = f"{run.name}/allreduce-fp8-tp{world}"
+        one_shot.all_reduce_add_rms_norm_fp8(e(8, H), e(8, H), e(H), 1e-6, peers, _fp8(target))
+        step[0] = f"{run.name}/allreduce-sum-tp{world}"
+        one_shot.all_reduce(e(8, H), peers)
+
+
 @functools.cache
 def _binder(kernel: str, target: Target):
     """Triton's argument binder of `kernel` (module:name) for `target`: what JITFunction.run calls
@@ -492,6 +518,7 @@ def recorded(target: Target) -> list[Launch]:
             _quant_steps(run, target, step)
             _moe_fp8_steps(run, target, step, roles)
             _moe_int4_steps(run, target, step, roles)
+            _allreduce_steps(run, target, step)
         launches += launched
     return launches
 
