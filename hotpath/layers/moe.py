@@ -12,7 +12,8 @@ import torch.nn as nn
 
 from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.quant.base import QuantConfig, copy_checked, current_quant_config
-from hotpath.layers.quant.experts import fp8_experts, fp8_loaders, int4_experts, int4_loaders
+from hotpath.distributed.parallel_state import Parallel, current_parallel, shard_range
+from hotpath.layers.quant.experts import ExpertShard, fp8_experts, fp8_loaders, int4_experts, int4_loaders
 from hotpath.layers.mlp import GatedMLP
 from hotpath.ops.moe import FEW_TOKENS, add_into_residual, fused_moe, route
 from hotpath.ops.quant import fp8_dtype
@@ -42,8 +43,44 @@ class FusedExperts(nn.Module):
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.dtype = torch.get_default_dtype()  # the model dtype
+        self._split(current_parallel())
         quant = current_quant_config()
         self.checkpoint_quant = quant if quant is not None and quant.expert_tensors else None
+
+    def _split(self, parallel: Parallel) -> None:
+        """This rank's experts and width. Over tp > 1 ranks, either each expert's width is split
+        (tensor parallelism: every expert on every rank, w13 the rank's rows of gate and of up,
+        w2 its columns) or the experts are (expert parallelism: whole experts, shard_range's
+        count a rank, an expert map sending the other ranks' to none). Either way every rank
+        routes every token and returns its partial sum, which the decoder's all-reduce adds."""
+        tp = parallel.tp
+        E, I = self.num_experts, self.intermediate_size
+        self.expert_start, self.local_experts = 0, E
+        self.width_start, self.local_width = 0, I
+        self.register_buffer("expert_map", None, persistent=False)  # [E] int32 under expert parallelism
+        if tp.size == 1:
+            return
+        if parallel.expert_parallel:
+            if tp.size > E:
+                raise ValueError(f"expert parallelism over {tp.size} ranks needs at least as many "
+                                 f"experts, got {E}")
+            start, end = shard_range(E, tp.size, tp.rank)
+            self.expert_start, self.local_experts = start, end - start
+            expert_map = torch.full((E,), -1, dtype=torch.int32)  # [E]: local index or -1
+            expert_map[start:end] = torch.arange(end - start, dtype=torch.int32)
+            self.register_buffer("expert_map", expert_map, persistent=False)
+            return
+        if I % tp.size:
+            raise ValueError(f"tensor parallelism over {tp.size} ranks must divide the experts' "
+                             f"width {I} (or use expert parallelism)")
+        self.local_width = I // tp.size
+        self.width_start = tp.rank * self.local_width
+
+    def _shard(self, proj: str) -> ExpertShard | None:
+        """This rank's part of a checkpoint projection (None: all of it)."""
+        if self.local_width == self.intermediate_size:
+            return None
+        return ExpertShard(1 if proj == "down_proj" else 0, self.width_start, self.local_width)
 
     @property
     def checkpoint_quant(self) -> QuantConfig | None:
@@ -56,11 +93,13 @@ class FusedExperts(nn.Module):
         # loading, for experts a format's ignore list names
         self._checkpoint_quant = quant
         self.fp8 = fp8_experts(quant) if quant is not None else None
+        if self.fp8 is not None and self.local_width != self.intermediate_size:
+            self.fp8 = self.fp8.for_rank_width(self.local_width)
         self.int4 = int4_experts(quant) if quant is not None else None
         self._create_weights()
 
     def _create_weights(self) -> None:
-        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        E, H, I = self.local_experts, self.hidden_size, self.local_width
         device = self.w13.device if "w13" in self._parameters else torch.empty(0).device
         for name in list(self._parameters):
             delattr(self, name)
@@ -78,12 +117,13 @@ class FusedExperts(nn.Module):
                                                device=device))
 
     def _create_int4_weights(self, device: torch.device) -> None:
-        E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
+        E, H, I = self.local_experts, self.hidden_size, self.local_width
         group = self.int4.group_size
         for K in (H, I):
             G = K if group == -1 else group
             if K % 8 or K % G:
-                raise ValueError(f"int4 experts: the projections' inputs ({H} and {I}) must be "
+                split = f" ({I} a rank: down_proj's inputs split over the ranks)" if I != self.intermediate_size else ""
+                raise ValueError(f"int4 experts: the projections' inputs ({H} and {I}){split} must be "
                                  f"multiples of 8 and of the group size {group}")
         for name, rows, K in (("w13", 2 * I, H), ("w2", H, I)):
             groups = 1 if group == -1 else K // group
@@ -92,8 +132,9 @@ class FusedExperts(nn.Module):
             setattr(self, f"{name}_zeros", _param(torch.empty(E, rows, groups, dtype=torch.uint8, device=device)))
 
     def _slices(self, expert: int, proj: str) -> tuple[torch.Tensor, ...]:
-        """Projection `proj` of `expert`'s part of the weight and, for fp8, of its scale; for
-        int4 of its words, scales and zero points."""
+        """Projection `proj` of (global) `expert`'s part of the weight and, for fp8, of its scale;
+        for int4 of its words, scales and zero points."""
+        expert -= self.expert_start
         name, half = self._SLICES[proj]
         if self.int4 is not None:
             suffixes = ("", "_scales", "_zeros")
@@ -107,19 +148,37 @@ class FusedExperts(nn.Module):
         return parts
 
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
-        projections = [(e, proj) for e in range(self.num_experts) for proj in self._SLICES]
+        """Every expert's tensors: this rank's experts' load into their slices (the rank's part
+        of each), other ranks' (expert parallelism) are read past."""
+        local = range(self.expert_start, self.expert_start + self.local_experts)
+        projections = [(e, proj) for e in local for proj in self._SLICES]
         if self.fp8 is not None:
-            return fp8_loaders(self.fp8, {f"{prefix}.{e}.{proj}": self._slices(e, proj)
-                                          for e, proj in projections})
+            loaders = fp8_loaders(self.fp8, {f"{prefix}.{e}.{proj}": (self._slices(e, proj), self._shard(proj))
+                                             for e, proj in projections})
+        elif self.int4 is not None:
+            loaders = int4_loaders(self.int4, {f"{prefix}.{e}.{proj}": (self._slices(e, proj), self._shard(proj))
+                                               for e, proj in projections}, self.dtype)
+        else:
+            loaders = {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, e, proj)
+                       for e, proj in projections}
+        for e in range(self.num_experts):
+            if e not in local:
+                loaders.update({f"{prefix}.{e}.{proj}.{suffix}": _read_past
+                                for proj in self._SLICES for suffix in self._tensor_suffixes()})
+        return loaders
+
+    def _tensor_suffixes(self) -> tuple[str, ...]:
+        """The checkpoint tensors of one expert projection (`weight`, its scales...)."""
         if self.int4 is not None:
-            return int4_loaders(self.int4, {f"{prefix}.{e}.{proj}": self._slices(e, proj)
-                                            for e, proj in projections}, self.dtype)
-        return {f"{prefix}.{e}.{proj}.weight": partial(self.weight_loader, e, proj)
-                for e, proj in projections}
+            return self.int4.expert_tensors
+        if self.fp8 is not None and self.fp8.scale_name is not None:
+            return ("weight", self.fp8.scale_name)
+        return ("weight",)
 
     def weight_loader(self, expert: int, proj: str, loaded: torch.Tensor) -> None:
-        """Copies one expert projection's 16-bit weight into its slice."""
-        copy_checked(self._slices(expert, proj)[0], loaded)
+        """Copies one expert projection's 16-bit weight (the rank's part) into its slice."""
+        shard = self._shard(proj)
+        copy_checked(self._slices(expert, proj)[0], loaded if shard is None else shard.narrow(loaded))
 
     def forward(
         self,
@@ -127,17 +186,24 @@ class FusedExperts(nn.Module):
         topk_weights: torch.Tensor,  # [T, k] fp32
         topk_ids: torch.Tensor,  # [T, k] int32
     ) -> torch.Tensor:  # [T, H]
+        # with tp > 1: this rank's partial sum (its width, or its experts' terms)
+        em = self.expert_map
         if self.int4 is not None:
             return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scales, self.w2_scales,
-                             w13_zeros=self.w13_zeros, w2_zeros=self.w2_zeros, group_size=self.int4.group_size)
+                             w13_zeros=self.w13_zeros, w2_zeros=self.w2_zeros, group_size=self.int4.group_size,
+                             expert_map=em)
         if self.fp8 is None:
-            return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
+            return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, expert_map=em)
         return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.w13_scale, self.w2_scale,
-                         self.fp8.block_size)
+                         self.fp8.block_size, expert_map=em)
 
 
 def _param(data: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(data, requires_grad=False)
+
+
+def _read_past(tensor: torch.Tensor) -> None:
+    """Loader of another rank's expert tensor (expert parallelism): nothing to keep."""
 
 
 class SparseMoeBlock(nn.Module):
@@ -154,6 +220,10 @@ class SparseMoeBlock(nn.Module):
         self.num_experts = num_experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
+        # tp > 1: the router (and the shared expert's gate) replicated, the experts split by
+        # width or by expert, the shared expert column / row split: forward returns this rank's
+        # partial sum (sigmoid(gate) scales each rank's part of the shared expert alike)
+        self.tp_size = current_parallel().tp.size
         self.experts = FusedExperts(num_experts, hidden_size, intermediate_size)
         if shared_expert_intermediate_size:
             # Qwen2-MoE's shared expert, every token through it, scaled by a sigmoid gate whose
@@ -173,6 +243,8 @@ class SparseMoeBlock(nn.Module):
         return out
 
     def fuses(self, x: torch.Tensor) -> bool:
+        if self.tp_size > 1:  # its end adds into the residual, which needs the ranks' sum first
+            return False
         # only with a shared expert: there the fused form saves its three element-wise ops; a
         # routed-only block's has as many launches as the plain path's and measured 2.4% slower
         # on Qwen3-30B-A3B at batch 1 (2.488 ms against 2.429)

@@ -194,6 +194,27 @@ def test_interpreter_fused_moe(E, top_k, T, tiles, interpreter, poisoned):
         assert rel_err(out, want) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("T", [1, 3, 40])
+def test_interpreter_expert_map(T, interpreter, poisoned):
+    """Expert parallelism: 7 experts, this rank holding experts 2..4 (w13 / w2 their slices).
+    The Triton path (the grouped GEMM at every token count, other ranks' pairs aligned into a
+    bucket no tile computes) and the reference both sum only the local experts' terms: together
+    with the other ranks' parts the sum is the one-rank output."""
+    E, top_k = 7, 3
+    x, w13, w2, weights, ids = moe_inputs(T, E, 64, 48, top_k, torch.float32, "cpu", seed=T)
+    want = reference.fused_moe(x, w13, w2, weights, ids)
+    total = torch.zeros_like(want)
+    for start, end in ((0, 2), (2, 5), (5, 7)):
+        expert_map = torch.full((E,), -1, dtype=torch.int32)
+        expert_map[start:end] = torch.arange(end - start, dtype=torch.int32)
+        local = (w13[start:end].contiguous(), w2[start:end].contiguous())
+        got = moe.fused_moe(x, *local, weights, ids, expert_map=expert_map)
+        ref = reference.fused_moe(x, *local, weights, ids, expert_map=expert_map)
+        assert rel_err(got, ref) < TOL[torch.float32]
+        total += got
+    assert rel_err(total, want) < TOL[torch.float32]
+
+
 def test_interpreter_decode_unused_experts_and_counters(interpreter, poisoned):
     """One token routed to 2 of 8 experts (programs of the other experts never run), then 16
     tokens: the output is right and the down kernel's counters are all back to zero."""

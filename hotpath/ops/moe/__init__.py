@@ -70,13 +70,22 @@ def fused_moe(
     w13_zeros: torch.Tensor | None = None,  # int4 experts only
     w2_zeros: torch.Tensor | None = None,
     group_size: int | None = None,
+    expert_map: torch.Tensor | None = None,  # [E_global] int32, expert parallelism only
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """sum_j topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, j],
-    rounded as HF's experts path rounds (see reference.py)."""
+    rounded as HF's experts path rounds (see reference.py). With `expert_map` (expert
+    parallelism: w13 / w2 hold this rank's experts, expert_map[e] the local index of global
+    expert e or -1) only the pairs routed to this rank's experts are summed
+    (reference.local_expert_ids)."""
     scales = dict(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size, w13_zeros=w13_zeros,
                   w2_zeros=w2_zeros, group_size=group_size)
+    if expert_map is not None:
+        scales["expert_map"] = expert_map
     if backend.use_triton(x):
-        if x.shape[0] <= FEW_TOKENS:
+        # the decode kernels compute every pair (each token's k terms complete its sum): with an
+        # expert map the grouped GEMM runs at every token count, its other ranks' pairs in a
+        # bucket past the last tile it computes
+        if x.shape[0] <= FEW_TOKENS and expert_map is None:
             from hotpath.ops.moe import triton_decode
 
             return triton_decode.fused_moe(x, w13, w2, topk_weights, topk_ids, **scales)

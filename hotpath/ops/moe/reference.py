@@ -71,20 +71,36 @@ def fused_moe(
     w13_zeros: torch.Tensor | None = None,  # int4 experts' zero points
     w2_zeros: torch.Tensor | None = None,
     group_size: int | None = None,  # int4 experts' group (-1: a projection's whole input)
+    expert_map: torch.Tensor | None = None,  # [E_global] int32: see local_expert_ids
 ) -> torch.Tensor:  # [T, H] in x's dtype
     check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, w13_zeros,
-                   w2_zeros, group_size)
+                   w2_zeros, group_size, expert_map)
     T, H = x.shape
     terms = x.new_zeros(T, topk_ids.shape[1], H)  # [T, k, H]: each routed expert's weighted output
     weights = topk_weights.to(x.dtype)  # as HF's router returns them
     w13_of = partial(_expert_weight, w13, w13_scale, w13_zeros, block_size, group_size, 2)
     w2_of = partial(_expert_weight, w2, w2_scale, w2_zeros, block_size, group_size, 1)
+    if expert_map is not None:
+        topk_ids = local_expert_ids(topk_ids, expert_map)
     for expert in topk_ids.unique().tolist():
+        if expert < 0:  # another rank's expert: its term is that rank's
+            continue
         token, slot = torch.where(topk_ids == expert)  # the (token, slot) pairs routed to it
         gate, up = _project(x[token], w13_of(expert)).chunk(2, dim=-1)
         out = _project(F.silu(gate) * up, w2_of(expert))  # [n, H]
         terms[token, slot] = out * weights[token, slot, None]
     return terms.sum(dim=1)
+
+
+def local_expert_ids(
+    topk_ids: torch.Tensor,  # [T, k] global expert ids
+    expert_map: torch.Tensor,  # [E_global] int32: this rank's index of each expert, -1 if another rank's
+) -> torch.Tensor:  # [T, k] int32, -1 for another rank's expert
+    """Expert parallelism: the experts are split across ranks and every rank routes every token
+    alike, so each rank computes only the (token, expert) pairs of its own experts; a pair routed
+    to another rank's expert adds nothing here (its rank adds it, and the ranks' outputs are
+    summed)."""
+    return expert_map[topk_ids.long()]
 
 
 def _expert_weight(w: torch.Tensor, scale: torch.Tensor | None, zeros: torch.Tensor | None,
@@ -136,8 +152,9 @@ def check_moe_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
                    topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
                    w2_scale: torch.Tensor | None = None, block_size: BlockSize | None = None,
                    w13_zeros: torch.Tensor | None = None, w2_zeros: torch.Tensor | None = None,
-                   group_size: int | None = None) -> None:
-    """16-bit experts share x's dtype. fp8 experts (both float8, e4m3fn or e4m3fnuz) come with
+                   group_size: int | None = None, expert_map: torch.Tensor | None = None) -> None:
+    """expert_map (expert parallelism: w13 / w2 hold this rank's E experts) is an int32 tensor
+    [E_global] of local indices in [0, E) or -1, topk_ids indexing it. 16-bit experts share x's dtype. fp8 experts (both float8, e4m3fn or e4m3fnuz) come with
     fp32 scales: per channel w13_scale [E, 2 * I] and w2_scale [E, H]; per (bn, bk) block
     w13_scale [E, 2 * ceil(I / bn), ceil(H / bk)] (the gate's block rows, then the up's) and
     w2_scale [E, ceil(H / bn), ceil(I / bk)]. int4 experts (both int32, ops/quant's int4 layout
@@ -161,6 +178,10 @@ def check_moe_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
     if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
         raise ValueError(f"topk_weights must be a float {tuple(topk_ids.shape)} tensor like topk_ids, got "
                          f"{topk_weights.dtype} {tuple(topk_weights.shape)}")
+    if expert_map is not None and (expert_map.dim() != 1 or expert_map.dtype != torch.int32
+                                   or expert_map.numel() < E):
+        raise ValueError(f"expert_map must be an int32 [E_global] tensor with E_global >= {E} (the local "
+                         f"experts), got {expert_map.dtype} {tuple(expert_map.shape)}")
     if int4:
         _check_int4(E, H, I, w2, w13_scale, w2_scale, w13_zeros, w2_zeros, group_size)
         return

@@ -46,6 +46,8 @@ look theirs up under the weights' dtype).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import triton
 import triton.language as tl
@@ -170,11 +172,14 @@ def align_by_expert(
     topk_ids: torch.Tensor,  # [T, k] int32
     num_experts: int,
     block_m: int,
+    skip_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pairs p = t * k + j laid out by expert, padded per expert to multiples of block_m:
     (sorted_pairs [max_tiles * block_m] int32, the pair of each row or T * k in padding, valid
     up to num_padded; block_expert [max_tiles] int32, each tile's expert, E past num_padded;
-    num_padded [1] int32)."""
+    num_padded [1] int32). `skip_last`: the last expert is a bucket for pairs not to compute
+    (expert parallelism's other ranks' pairs): num_padded ends where its span starts, so the
+    GEMMs' tiles past it exit at once."""
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"the align kernels take at most {MAX_EXPERTS} experts, got {num_experts}")
     device = topk_ids.device
@@ -201,6 +206,8 @@ def align_by_expert(
         BLOCK_M=block_m, BLOCK=ALIGN_BLOCK, TILES=ALIGN_TILES, BLOCK_E=block_e, USE_PDL=use_pdl,
         num_warps=4, **pdl_launch(use_pdl),
     )
+    if skip_last:
+        num_padded = spans[0, num_experts - 2 : num_experts - 1]  # the last computed expert's span end
     return sorted_pairs, block_expert, num_padded
 
 
@@ -388,11 +395,14 @@ def fused_moe(
     w13_zeros: torch.Tensor | None = None,  # int4 experts
     w2_zeros: torch.Tensor | None = None,
     group_size: int | None = None,
+    expert_map: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """See the module docstring; the configs override the tuned / default ones (the tuner and
-    tests sweep them)."""
+    tests sweep them). With `expert_map` (expert parallelism, reference.local_expert_ids) the
+    pairs of other ranks' experts are aligned into a bucket after this rank's E experts, which
+    no tile computes."""
     quant = (w13_scale, w2_scale, block_size, w13_zeros, w2_zeros, group_size)
-    check_kernel_args(x, w13, w2, topk_weights, topk_ids, *quant)
+    check_kernel_args(x, w13, w2, topk_weights, topk_ids, *quant, expert_map=expert_map)
     T, H = x.shape
     E, I = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -400,6 +410,11 @@ def fused_moe(
     if T == 0:
         return torch.zeros_like(x)
     ids = topk_ids.to(torch.int32).contiguous()
+    align = partial(align_by_expert, ids, E)
+    if expert_map is not None:
+        local = expert_map[topk_ids.long()]
+        ids = torch.where(local >= 0, local, E).to(torch.int32)  # [T, k]: E is the bucket
+        align = partial(align_by_expert, ids, E + 1, skip_last=True)
     weights = topk_weights.to(torch.float32).contiguous()
     fmt13, fmt2 = expert_formats(w13, *quant)
     # fp8 and int4 experts' tiles are looked up under the weights' dtype (int4: int32, the
@@ -407,9 +422,9 @@ def fused_moe(
     dtype = w13.dtype if fmt13.wfmt != W16 else x.dtype
     gate_up_config = gate_up_config or tuning.grouped_config(T, top_k, E, 2 * I, H, dtype, x.device)
     down_config = down_config or tuning.grouped_config(T, top_k, E, H, I, dtype, x.device)
-    aligned = align_by_expert(ids, E, gate_up_config.block_m)
+    aligned = align(gate_up_config.block_m)
     if down_config.block_m != gate_up_config.block_m:
-        down_aligned = align_by_expert(ids, E, down_config.block_m)
+        down_aligned = align(down_config.block_m)
     else:
         down_aligned = aligned
     intermediate = torch.empty((num_pairs, I), dtype=x.dtype, device=x.device)  # [T * k, I]
@@ -423,11 +438,11 @@ def check_kernel_args(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
                       topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
                       w2_scale: torch.Tensor | None = None, block_size: BlockSize | None = None,
                       w13_zeros: torch.Tensor | None = None, w2_zeros: torch.Tensor | None = None,
-                      group_size: int | None = None) -> None:
+                      group_size: int | None = None, expert_map: torch.Tensor | None = None) -> None:
     """The reference's checks, plus what the kernels need: a float dtype they take and rows
     contiguous along their last dimension."""
     check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, w13_zeros, w2_zeros,
-                   group_size)
+                   group_size, expert_map)
     tl_dtype(x.dtype)  # raises for a dtype the kernels do not take
     if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("x and the expert weights must be contiguous along their last dimension")
