@@ -211,7 +211,8 @@ def replica_environments(args: EngineArgs, size: int) -> tuple[list[dict[str, st
                              "cuda (replica i takes GPUs i*tensor_parallel_size onwards), auto or cpu")
         if "OMP_NUM_THREADS" in os.environ:
             return [{} for _ in range(size)], None
-        threads = str(max(1, (os.cpu_count() or 1) // size))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = str(max(1, cores // size))
         return [{"OMP_NUM_THREADS": threads} for _ in range(size)], None
     visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
     count = torch.cuda.device_count()

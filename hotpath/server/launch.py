@@ -70,8 +70,8 @@ def run_server(
         info = front.info
         if isinstance(front, DataParallelFront):
             on = f" on GPUs {' | '.join(front.gpus)}" if front.gpus else ""
-            where = (f"{len(front.clients)} data-parallel replicas{on}, engine processes "
-                     f"{', '.join(map(str, front.pids))}")
+            where = (f"{len(front.clients)} data-parallel replicas{on} (each with that KV cache), "
+                     f"engine processes {', '.join(map(str, front.pids))}")
         elif isinstance(front, EngineClient):
             where = f"engine process {front.pid}"
         else:
