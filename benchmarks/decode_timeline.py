@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1, help="sequences decoded a step")
     ns = ap.parse_args()
     engine = decoding_engine(ns.preset, ns.batch_size)
-    graph, _ = engine.runner.graphs[ns.batch_size]
+    graph, _ = engine.executor.runner.graphs[ns.batch_size]
     for _ in range(10):
         graph.replay()
     torch.cuda.synchronize()

@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="directory for graph_replay_costs_<preset>.json")
     ns = ap.parse_args()
     engine = decoding_engine(ns.preset)  # no step in flight: the next step's inputs are valid
-    runner = engine.runner
+    runner = engine.executor.runner
     graph = runner.graphs[1][0]
     seqs = list(engine.scheduler.running)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hotpath.bench.presets import preset_dir
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
 from hotpath.sampling_params import SamplingParams
 
@@ -49,7 +49,7 @@ def main() -> None:
         engine.step()
     step_ms = (time.perf_counter() - t) / steps * 1e3
 
-    graph, logits = engine.runner.graphs[1]
+    graph, logits = engine.executor.runner.graphs[1]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(steps):
@@ -74,7 +74,7 @@ def main() -> None:
     (out / f"cprofile_{ns.preset}.txt").write_text(s.getvalue())
 
     # per-kernel GPU time of one eager decode forward, through the same ops
-    runner = engine.runner
+    runner = engine.executor.runner
     seq = engine.scheduler.running[0]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
         for _ in range(5):

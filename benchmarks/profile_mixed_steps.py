@@ -25,7 +25,7 @@ ap.add_argument("--steps", type=int, default=60, help="steps timed and profiled"
 ns = ap.parse_args()
 
 llm = LLM(str(preset_dir(ns.preset)), load_format="dummy", skip_tokenizer_init=True)
-engine, runner = llm.engine, llm.engine.runner
+engine, runner = llm.engine, llm.engine.executor.runner
 work = random_workload(1024, (128, 1024), (128, 512), engine.model_config.vocab_size, 0)
 for i, (p, m) in enumerate(work[:64]):  # warm-up
     engine.add_request(f"w{i}", {"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))

@@ -19,7 +19,7 @@ Measures, per format:
   - perplexity of --text-tokens tokens of Shakespeare in windows of --window tokens (the first
     token of a window is not scored), and how often its argmax equals the reference's there.
     hotpath has no prompt logprobs (SamplingParams has no prompt_logprobs), so the logits come
-    from the engine's own model (`llm.engine.runner.model`): one prefill forward per window over
+    from the engine's own model (`llm.engine.executor.runner.model`): one prefill forward per window over
     the engine's paged KV cache, the forward a prompt's prefill runs, before the engine has run
     any request (the windows use the first KV blocks directly);
   - greedy agreement with the reference's --max-tokens greedy tokens after each of --prompts
@@ -106,7 +106,7 @@ def score(llm: LLM, token_ids: list[int], first: int) -> tuple[torch.Tensor, tor
     [first, len): the log-probability of token t given tokens < t, and the argmax there.
     Writes K/V into the cache's first blocks: only for an engine that has run no request."""
     engine = llm.engine
-    runner = engine.runner
+    runner = engine.executor.runner
     assert not engine.requests and engine.kv_cache.num_free_blocks == runner.num_blocks, \
         "score() writes the first KV blocks directly: run it before any request"
     if runner.state_layers:

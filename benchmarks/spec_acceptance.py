@@ -81,7 +81,7 @@ import torch
 
 from hotpath import LLM, SamplingParams
 from hotpath.bench.datasets import fetch_dataset, load_requests
-from hotpath.engine.spec.ngram import ngram_propose
+from hotpath.speculative.ngram import ngram_propose
 from hotpath.layers.forward_batch import ForwardBatch
 
 TARGET = "qwen2.5-coder-1.5b"
@@ -291,7 +291,7 @@ def draft_argmax(llm: LLM, prompt: list[int], out: list[int]) -> list[int]:
     K/V go into the cache's first blocks: call it only once the engine is done generating (the
     draft K/V of cached prefixes are overwritten)."""
     engine = llm.engine
-    runner = engine.runner
+    runner = engine.executor.runner
     assert not engine.requests, "draft_argmax() needs an idle engine"
     ids_list = prompt + out
     n, p, device = len(ids_list), len(prompt), runner.device

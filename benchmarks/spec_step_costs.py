@@ -32,9 +32,9 @@ import torch
 
 from hotpath.bench.latency import _run_batch
 from hotpath.bench.presets import preset_dir
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
-from hotpath.engine.spec.drafters import NgramDrafter
+from hotpath.speculative.drafters import NgramDrafter
 
 
 class RepeatLastToken(NgramDrafter):

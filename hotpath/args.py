@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from hotpath.config import KV_CACHE_DTYPES
+from hotpath.config import KV_CACHE_DTYPES, EngineConfig as _Defaults
+
+EXECUTOR_BACKENDS = ("uni", "mp")
 
 
 @dataclass
@@ -19,21 +21,34 @@ class EngineArgs:
     device: str = "auto"
     load_format: str = "auto"
     quantization: str | None = None
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = _Defaults.kv_cache_dtype
     max_model_len: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
+    block_size: int = _Defaults.block_size
+    enable_prefix_caching: bool = _Defaults.enable_prefix_caching
+    max_num_seqs: int = _Defaults.max_num_seqs
+    max_num_batched_tokens: int | None = None  # None: max(_Defaults.max_num_batched_tokens, max_num_seqs)
     seed: int = 0
     skip_tokenizer_init: bool = False
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = _Defaults.gpu_memory_utilization
     num_gpu_blocks_override: int | None = None
     enforce_eager: bool = False
     async_scheduling: bool | None = None  # None: on with a GPU, off on the CPU
-    state_snapshot_stride: int = 1024
+    state_snapshot_stride: int = _Defaults.state_snapshot_stride
     # {"method": "ngram" | "draft_model" | "mtp", "num_speculative_tokens": k, ...}, or its JSON text
     speculative_config: dict | str | None = None
+    # parallelism (vLLM's names): ranks of one model, MoE experts split across them, replicas
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    data_parallel_size: int = 1
+    # "uni": the runner in the engine's process (one rank only); "mp": a worker process per rank
+    # (None: uni for one rank, mp for more)
+    distributed_executor_backend: str | None = None
+    # several nodes (torchrun's names): this node's index, how many, and the rendezvous address
+    # that node 0 listens on (the engine's control channel listens on master_port + 1)
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port (one node only)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +74,7 @@ class EngineArgs:
                             "checkpoint's own method may be named; fp8 on a 16-bit checkpoint "
                             "quantizes it while loading (fp8 weights per output channel, "
                             "activations per token)")
-        g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+        g.add_argument("--kv-cache-dtype", default=_Defaults.kv_cache_dtype, choices=list(KV_CACHE_DTYPES),
                        help="the KV cache's dtype: auto = the model dtype; fp8 = e4m3 (e4m3fnuz "
                             "on AMD MI300), half the bytes of bf16 per token, so twice the "
                             "tokens fit, with a scale per layer for K and one for V from the "
@@ -68,19 +83,20 @@ class EngineArgs:
         g.add_argument("--max-model-len", type=int, default=None,
                        help="context limit in tokens, prompt + output "
                             "(default: the model's max_position_embeddings)")
-        g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+        g.add_argument("--block-size", type=int, default=_Defaults.block_size, help="tokens per KV cache block")
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                       default=True, help="reuse the KV cache of shared prompt prefixes")
-        g.add_argument("--max-num-seqs", type=int, default=256,
+                       default=_Defaults.enable_prefix_caching,
+                       help="reuse the KV cache of shared prompt prefixes")
+        g.add_argument("--max-num-seqs", type=int, default=_Defaults.max_num_seqs,
                        help="most sequences in one batch")
         g.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help="token budget of one step; longer prompts are prefilled in chunks "
-                            "(default 8192)")
+                            f"(default: {_Defaults.max_num_batched_tokens}, or --max-num-seqs if larger)")
         g.add_argument("--seed", type=int, default=0,
                        help="seed for random sampling without a per-request seed, and dummy weights")
         g.add_argument("--skip-tokenizer-init", action="store_true",
                        help="load no tokenizer; prompts must be token ids")
-        g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+        g.add_argument("--gpu-memory-utilization", type=float, default=_Defaults.gpu_memory_utilization,
                        help="fraction of GPU memory for weights, activations and KV cache")
         g.add_argument("--num-gpu-blocks-override", type=int, default=None,
                        help="use exactly this many KV cache blocks (testing)")
@@ -89,7 +105,7 @@ class EngineArgs:
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                        help="schedule and launch the next greedy decode step while the GPU runs "
                             "this one (default: on with a GPU)")
-        g.add_argument("--state-snapshot-stride", type=int, default=1024,
+        g.add_argument("--state-snapshot-stride", type=int, default=_Defaults.state_snapshot_stride,
                        help="hybrid models' prefix caching: keep a snapshot of the linear-attention "
                             "state every this many tokens (a multiple of --block-size), besides "
                             "the end of each finished request")
@@ -103,6 +119,31 @@ class EngineArgs:
                             'tokenizer) or {"method": "mtp", "num_speculative_tokens": 2} (the '
                             'checkpoint\'s own multi-token-prediction head: Qwen3-Next, Qwen3.5); '
                             'output is exactly the target model\'s (default: off)')
+
+        p = parser.add_argument_group("parallelism")
+        p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                       help="GPUs (ranks) one model is split over: attention heads, MLP and expert "
+                            "widths, the vocabulary; a worker process per rank")
+        p.add_argument("--enable-expert-parallel", action="store_true",
+                       help="MoE models: split the experts across the tensor-parallel ranks "
+                            "(whole experts per rank) instead of each expert's width")
+        p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                       help="hotpath serve: replicas of the engine (each on its own "
+                            "--tensor-parallel-size GPUs), requests routed by prompt prefix")
+        p.add_argument("--distributed-executor-backend", default=None, choices=list(EXECUTOR_BACKENDS),
+                       help="uni: the model runs in the engine's process (one rank); mp: a worker "
+                            "process per rank (default: uni for one rank, mp for more)")
+        p.add_argument("--nnodes", type=int, default=1,
+                       help="nodes the tensor-parallel ranks span (each runs this command with its "
+                            "--node-rank; node 0 runs the engine, the others only workers)")
+        p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0 to --nnodes - 1")
+        p.add_argument("--master-addr", default="127.0.0.1",
+                       help="the address node 0 listens on for the other nodes' workers (default "
+                            "loopback: one node). Set HOTPATH_CLUSTER_SECRET to the same secret on "
+                            "every node when --nnodes > 1: workers that do not present it are refused")
+        p.add_argument("--master-port", type=int, default=None,
+                       help="the rendezvous port on --master-addr (the control channel takes the "
+                            "next port); default: a free port, one node only")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 
 if TYPE_CHECKING:
     from hotpath.llm import LLM

@@ -161,6 +161,9 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 
 @dataclass
 class EngineConfig:
+    """The engine settings the runner needs, resolved from EngineArgs (hotpath/resolve.py). The
+    defaults here are the only place they are written: EngineArgs, LLM() and the CLI take them."""
+
     max_model_len: int
     block_size: int = 16
     enable_prefix_caching: bool = True

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as SequenceABC
+from typing import Any
 
 from tqdm.auto import tqdm
 
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
 from hotpath.outputs import RequestOutput
 from hotpath.sampling_params import SamplingParams
@@ -16,41 +17,10 @@ PromptType = str | dict | list[int]
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str | None = None,
-        tokenizer: str | None = None,
-        dtype: str = "auto",
-        device: str = "auto",
-        load_format: str = "auto",
-        quantization: str | None = None,
-        kv_cache_dtype: str = "auto",
-        max_model_len: int | None = None,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = None,
-        seed: int = 0,
-        skip_tokenizer_init: bool = False,
-        gpu_memory_utilization: float = 0.9,
-        num_gpu_blocks_override: int | None = None,
-        enforce_eager: bool = False,
-        async_scheduling: bool | None = None,
-        state_snapshot_stride: int = 1024,
-        speculative_config: dict | str | None = None,
-    ) -> None:
-        self.engine = Engine(EngineArgs(
-            model=model, tokenizer=tokenizer, dtype=dtype, device=device, load_format=load_format,
-            quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-            block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, seed=seed,
-            skip_tokenizer_init=skip_tokenizer_init,
-            gpu_memory_utilization=gpu_memory_utilization,
-            num_gpu_blocks_override=num_gpu_blocks_override, enforce_eager=enforce_eager,
-            async_scheduling=async_scheduling, state_snapshot_stride=state_snapshot_stride,
-            speculative_config=speculative_config,
-        ))
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        """`model` and any EngineArgs field by name (hotpath/args.py, the same names and
+        defaults as vLLM's): dtype, max_model_len, tensor_parallel_size, speculative_config, ..."""
+        self.engine = Engine(EngineArgs(model=model, **engine_args))
         self._request_ids = itertools.count()
 
     def get_tokenizer(self):

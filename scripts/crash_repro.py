@@ -18,4 +18,4 @@ out = llm.generate([{"prompt_token_ids": list(range(100, 612))}], SamplingParams
 assert len(out[0].outputs[0].token_ids) == 16
 print(json.dumps({"preset": preset, "kwargs": kwargs, "ok": True, "build_s": round(built, 1),
                   "max_model_len": llm.engine.config.max_model_len,
-                  "kv_tokens": llm.engine.runner.num_blocks * llm.engine.config.block_size}))
+                  "kv_tokens": llm.engine.executor.runner.num_blocks * llm.engine.config.block_size}))

@@ -20,7 +20,7 @@ import torch
 
 from hotpath.bench import roofline
 from hotpath.bench.presets import PRESETS, preset_dir
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
 from hotpath.sampling_params import SamplingParams
 
@@ -93,7 +93,7 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
     # every request emits output_len tokens; a step may emit several (speculative decoding)
     tpot = sum(steps) / (ns.output_len - 1) if steps else float("nan")
     per_step = (ns.output_len - 1) / len(steps) if steps else float("nan")
-    model = engine.runner.model
+    model = engine.executor.runner.model
     mean_ctx = ns.input_len + ns.output_len / 2
     extra = {}
     if engine.spec_config is not None:
@@ -113,10 +113,10 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
         "weight_bytes_per_step": roofline.decode_weight_bytes(model, cfg, batch_size),
         # the KV cache read, and a hybrid's linear-attention state read and written
         "kv_bytes_per_step": int(batch_size * mean_ctx
-                                 * roofline.kv_bytes_per_token(cfg, engine.runner.kv_cache_dtype))
+                                 * roofline.kv_bytes_per_token(cfg, engine.executor.runner.kv_cache_dtype))
         + 2 * batch_size * roofline.state_bytes_per_sequence(cfg, engine.dtype),
         "prefill_flops": roofline.prefill_flops(cfg, roofline.active_params(model, cfg), ns.input_len) * batch_size,
-        "kv_cache_tokens": engine.runner.num_blocks * engine.config.block_size,
+        "kv_cache_tokens": engine.executor.runner.num_blocks * engine.config.block_size,
         "max_model_len": engine.config.max_model_len,
     }
 

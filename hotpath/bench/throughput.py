@@ -23,7 +23,7 @@ import torch
 
 from hotpath.bench import roofline
 from hotpath.bench.presets import PRESETS, preset_dir
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.llm import LLM
 from hotpath.sampling_params import SamplingParams
 
@@ -59,7 +59,7 @@ class StepKinds:
 
     def __init__(self, llm: LLM) -> None:
         self.counts: Counter[str] = Counter()
-        runner = llm.engine.runner
+        runner = llm.engine.executor.runner
         launch = runner.launch
 
         def counting_launch(scheduled, prev=None):
@@ -151,11 +151,11 @@ def main(ns: argparse.Namespace) -> int:
         dec = decode_rate(llm, n, round(mean_in), round(mean_out), cfg.vocab_size)
         w = res["workload"]
         phases_s = w["prompt_tokens"] / prefill_tok_s + w["output_tokens"] / dec["tok_s"]
-        model_ = engine.runner.model
+        model_ = engine.executor.runner.model
         bandwidth = roofline.measure_bandwidth(torch.device("cuda"))
         step_bytes = (roofline.decode_weight_bytes(model_, cfg, n)
                       + n * (mean_in + mean_out / 2)
-                      * roofline.kv_bytes_per_token(cfg, engine.runner.kv_cache_dtype))
+                      * roofline.kv_bytes_per_token(cfg, engine.executor.runner.kv_cache_dtype))
         res.update(prefill_tok_s=prefill_tok_s, decode=dec, sum_of_phases_s=phases_s,
                    workload_over_phases=w["elapsed_s"] / phases_s, bandwidth_Bps=bandwidth,
                    decode_roofline_step_s=step_bytes / bandwidth,

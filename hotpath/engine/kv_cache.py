@@ -160,6 +160,7 @@ class KVCacheManager:
         keep = -(-num_tokens // self.block_size)
         while len(seq.block_table) > keep:
             block = self.blocks[seq.block_table.pop()]
+            seq.num_blocks_sent = min(seq.num_blocks_sent, len(seq.block_table))
             assert block.ref_count == 1 and block.block_hash is None
             block.ref_count = 0
             self.free_ids.append(block.block_id)
@@ -180,6 +181,7 @@ class KVCacheManager:
                     self.free_ids.append(block_id)
         seq.block_table = []
         seq.block_hashes = []
+        seq.on_workers = False  # the workers forget it; its next step sends it again
         seq.num_computed_tokens = seq.num_draft_computed = 0
         if seq.state_slot is not None:  # a preempted sequence starts its state again
             self.free_state_slots.append(seq.state_slot)

@@ -58,7 +58,7 @@ class QuantizeOptions:
 def quantize(model: str, out: str | Path, options: QuantizeOptions) -> Path:
     """Writes `model` (a known name, an HF directory or a .gguf) quantized into `out` (created;
     it must not exist or be empty); returns its path."""
-    from hotpath.engine.engine import resolve_model_dir
+    from hotpath.resolve import resolve_model_dir
 
     source = resolve_model_dir(model)
     out = Path(out)

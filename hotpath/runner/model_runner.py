@@ -20,7 +20,6 @@ from typing import NamedTuple, Protocol
 import torch
 
 from hotpath.config import EngineConfig, ModelConfig
-from hotpath.engine.sequence import Sequence
 from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
 from hotpath.loader.model_loader import load_model, load_mtp
 from hotpath.ops.attention import DECODE_MAX_QUERY_LEN
@@ -29,24 +28,19 @@ from hotpath.ops.quant import fp8_dtype
 from hotpath.runner.decode_inputs import DecodeInputs
 from hotpath.layers.forward_batch import ForwardBatch
 from hotpath.runner.row_graphs import GRAPH_BATCH_SIZES, RowGraphs, context_buckets, graph_forward
+from hotpath.runner.plan import SPEC_GRAPH_MAX_ROWS, SampledToken, decode_graph_size
 from hotpath.runner.sampler import Sampler
+from hotpath.runner.seq_state import SeqState, is_plain_greedy
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SampledToken:
-    token_id: int
-    logprob: float
-    top_logprobs: list[tuple[int, float]]  # [(token_id, logprob)] best first; empty unless asked
 
 
 @dataclass
 class LaunchedStep:
     """A step queued on the device whose sampled tokens are on their way to the host."""
 
-    scheduled: list[tuple[Sequence, int]]
-    sampling: list[Sequence]  # the sequences that sample, in row order
+    scheduled: list[tuple[SeqState, int]]
+    sampling: list[SeqState]  # the sequences that sample, in row order
     token_ids: torch.Tensor | None  # [len(sampling)] int64 on the device: the next step's inputs
     host: list[torch.Tensor | None]  # token ids, logprobs, top ids, top logprobs, copied to the host
     done: torch.cuda.Event | None  # recorded after those copies (None off CUDA: already there)
@@ -55,9 +49,9 @@ class LaunchedStep:
     # with an MTP head: the target's final hidden states of the step's tokens [tokens, hidden], and
     # where each sequence's are: (sequence, first position, tokens, first row in `hidden`)
     hidden: torch.Tensor | None = None
-    hidden_rows: list[tuple[Sequence, int, int, int]] | None = None
+    hidden_rows: list[tuple[SeqState, int, int, int]] | None = None
 
-    def rows_of(self, seqs: list[Sequence]) -> list[int]:
+    def rows_of(self, seqs: list[SeqState]) -> list[int]:
         """The rows that sampled these sequences' tokens in this step."""
         rows = {s.seq_id: i for i, s in enumerate(self.sampling)}
         return [rows[s.seq_id] for s in seqs]
@@ -67,7 +61,7 @@ class Row(NamedTuple):
     """A sequence's tokens in one forward: `tokens` at positions first, first + 1, ... over its
     block table, logits wanted for the last `num_logits` of them."""
 
-    seq: Sequence
+    seq: SeqState
     first: int
     tokens: list[int]
     num_logits: int
@@ -85,11 +79,6 @@ class Replayable(Protocol):
 # these contexts below max_model_len that at least halves its splits; a step takes the smallest
 # that holds its longest context.
 SHORT_CONTEXT_GRAPHS = (1024, 2048)
-
-# the most sequences that verify drafts in one step (the engine gives the rest none that step):
-# the speculative graphs' rows (a verify graph's logits buffer takes rows x (1 + K) x vocab fp32),
-# and the verify rows whose states a hybrid model keeps for the rollback (budgeted for this many)
-SPEC_GRAPH_MAX_ROWS = 64
 
 # records a decode forward once: (something to replay it with, its logits output tensor)
 Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replayable, torch.Tensor]]
@@ -119,21 +108,6 @@ def _capture_cuda_graph(forward: Callable[[], torch.Tensor], pool: tuple) -> tup
     return graph, logits
 
 
-def is_plain_greedy(seq: Sequence) -> bool:
-    """Whether seq's next token is the plain argmax of its logits: greedy, no penalties, no
-    min_tokens suppression in force and no top logprobs asked for. Such a row needs nothing the
-    Sampler adds, so the decode graph's own argmax (and its logprob) is its token."""
-    p = seq.params
-    return (
-        p.greedy
-        and not p.logprobs  # None or 0: only the sampled token's logprob
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-        and not (p.min_tokens and seq.stop_token_ids and seq.num_output_tokens < p.min_tokens)
-    )
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -157,7 +131,7 @@ class ModelRunner:
             model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed
         )
         # speculative decoding's draft model: its K/V blocks are the target's block ids in
-        # tensors of its own, sized and allocated with the target's (engine/spec/drafters.py)
+        # tensors of its own, sized and allocated with the target's (speculative/drafters.py)
         self.draft_model = None if draft is None else load_model(
             draft[0], draft[1], load_format, device, dtype, engine_config.max_model_len, seed + 1)
         # speculative decoding's multi-token-prediction head (models/mtp.py): the checkpoint's
@@ -288,14 +262,14 @@ class ModelRunner:
 
     # ---- one step -------------------------------------------------------------------------
     def _prepare(
-        self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[Sequence], list[tuple[Sequence, int, int, int]] | None]:
+        self, scheduled: list[tuple[SeqState, int]], prev: LaunchedStep | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch, list[SeqState], list[tuple[SeqState, int, int, int]] | None]:
         """The step's flat batch tensors, and the sequences that sample, in row order. A decode
         row whose input token is still pending takes it from `prev`'s sampled ids on the device.
         A sequence with drafts (speculative decoding) feeds them after its last token and gets
         logits at each of them too (a verify step)."""
         rows: list[Row] = []
-        pending: list[tuple[Sequence, int]] = []  # (sequence, row) of pending input tokens
+        pending: list[tuple[SeqState, int]] = []  # (sequence, row) of pending input tokens
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             drafts = seq.draft_token_ids
@@ -403,7 +377,7 @@ class ModelRunner:
         return slots
 
     @torch.inference_mode()
-    def rollback_states(self, rows: list[tuple[Sequence, int]]) -> None:
+    def rollback_states(self, rows: list[tuple[SeqState, int]]) -> None:
         """After a verify step's acceptance (hybrid models): each (sequence, tokens it kept of
         its row: accepted drafts + 1) of the step's verify rows. Its linear-attention layers'
         state slot is set back to the state after those tokens (GatedDeltaNet.rollback); a row
@@ -427,7 +401,7 @@ class ModelRunner:
             layer.verify = None
         self._verify_rows = {}
 
-    def _state_saves(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[int, int, int]] | None:
+    def _state_saves(self, scheduled: list[tuple[SeqState, int]]) -> list[tuple[int, int, int]] | None:
         """Hybrid models: first the snapshots the step's sequences start from (a prefix hit) are
         copied into their slots; returns where the step saves snapshots, (row, tokens into the
         row's chunk, snapshot id), for the layers to save as they go. A decode step's saves are
@@ -451,7 +425,7 @@ class ModelRunner:
             seq.save_at = None
         return saves
 
-    def _restore_snapshots(self, scheduled: list[tuple[Sequence, int]]) -> None:
+    def _restore_snapshots(self, scheduled: list[tuple[SeqState, int]]) -> None:
         """Copies the snapshots the step's sequences start from (a prefix hit) into their slots."""
         restores = [(seq.state_slot, seq.restore_snapshot) for seq, _ in scheduled
                     if seq.restore_snapshot is not None]
@@ -462,7 +436,7 @@ class ModelRunner:
             for seq, _ in scheduled:
                 seq.restore_snapshot = None
 
-    def _save_decoded_snapshots(self, scheduled: list[tuple[Sequence, int]]) -> None:
+    def _save_decoded_snapshots(self, scheduled: list[tuple[SeqState, int]]) -> None:
         """A decode step's snapshot saves, queued behind its forward (a graph's replay or an
         eager one): each sequence's state after its one token (the only place a decode step
         saves)."""
@@ -479,7 +453,7 @@ class ModelRunner:
 
     def _split_batch(
         self, batch: ForwardBatch, num_few: int, cu_query_lens: list[int], context_lens: list[int],
-        scheduled: list[tuple[Sequence, int]],
+        scheduled: list[tuple[SeqState, int]],
     ) -> tuple[int, ForwardBatch, ForwardBatch]:
         """A mixed step's (decode tokens, decode part, prefill part): views of the step's tensors,
         but for the prefill part's query offsets, which start again from 0."""
@@ -507,7 +481,7 @@ class ModelRunner:
         return num_few_tokens, few, rest
 
     @torch.inference_mode()
-    def launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None = None) -> LaunchedStep:
+    def launch(self, scheduled: list[tuple[SeqState, int]], prev: LaunchedStep | None = None) -> LaunchedStep:
         """Queues one step on the device: the forward, the sampling, and the copy of the sampled
         tokens to the host; returns without waiting for any of it (`collect` waits).
 
@@ -525,7 +499,7 @@ class ModelRunner:
         (step.hidden, step.hidden_rows), self._hidden = self._hidden, (None, None)
         return step
 
-    def _launch(self, scheduled: list[tuple[Sequence, int]], prev: LaunchedStep | None) -> LaunchedStep:
+    def _launch(self, scheduled: list[tuple[SeqState, int]], prev: LaunchedStep | None) -> LaunchedStep:
         graph_size = self._graph_size(scheduled)
         if graph_size:
             sampling = [seq for seq, _ in scheduled]
@@ -568,11 +542,11 @@ class ModelRunner:
             scheduled, sampling, out.token_ids, out.logprobs, out.top_logprob_ids, out.top_logprobs
         )
 
-    def _verify(self, scheduled: list[tuple[Sequence, int]], sampling: list[Sequence],
+    def _verify(self, scheduled: list[tuple[SeqState, int]], sampling: list[SeqState],
                 logits: torch.Tensor) -> LaunchedStep:
         """A verify step's tokens: each sequence's accepted drafts and one token more
-        (hotpath/runner/rejection.py), on the host when this returns."""
-        from hotpath.runner.rejection import verify_drafts
+        (hotpath/speculative/rejection.py), on the host when this returns."""
+        from hotpath.speculative.rejection import verify_drafts
 
         verified = verify_drafts(
             logits,
@@ -592,7 +566,7 @@ class ModelRunner:
                                   for j, (t, lp) in enumerate(zip(verified.token_ids[i], verified.logprobs[i]))]
         return LaunchedStep(scheduled, sampling, None, [], None, verified=tokens)
 
-    def _verify_in_graph(self, scheduled: list[tuple[Sequence, int]]) -> LaunchedStep | None:
+    def _verify_in_graph(self, scheduled: list[tuple[SeqState, int]]) -> LaunchedStep | None:
         """A verify step as a graph of rows of q = 1 + K tokens, when every row is a decode or
         verify row (its last token, on the host, and its drafts) whose blocks hold q tokens (rows
         with fewer drafts pad); None to run it eagerly. Plain greedy rows take the
@@ -631,8 +605,8 @@ class ModelRunner:
 
     def _launched(
         self,
-        scheduled: list[tuple[Sequence, int]],
-        sampling: list[Sequence],
+        scheduled: list[tuple[SeqState, int]],
+        sampling: list[SeqState],
         token_ids: torch.Tensor,  # [num_sampled] int64
         logprobs: torch.Tensor,  # [num_sampled] float32
         top_ids: torch.Tensor | None = None,  # [num_sampled, k] int64
@@ -682,17 +656,10 @@ class ModelRunner:
         return result
 
     # ---- CUDA graphs for decode ---------------------------------------------------------
-    def uses_graph(self, scheduled: list[tuple[Sequence, int]]) -> bool:
-        """Whether launch() runs this step as a captured decode graph."""
-        return self._graph_size(scheduled) > 0
-
-    def _graph_size(self, scheduled: list[tuple[Sequence, int]]) -> int:
-        """The captured batch size to run this step with, or 0 to run it eagerly."""
-        if not self.graphs or any(n != 1 or seq.num_computed_tokens + 1 != seq.num_tokens for seq, n in scheduled):
-            return 0
-        # a hybrid's snapshot saves and restores do not make a step eager: launch copies them around
-        # the replay (at 16-token blocks a batch of 64 has some sequence at a boundary nearly every step)
-        return next((size for size in self.graphs if size >= len(scheduled)), 0)  # ascending
+    def _graph_size(self, scheduled: list[tuple[SeqState, int]]) -> int:
+        """The captured batch size to run this step with, or 0 to run it eagerly. (A hybrid's
+        snapshot saves and restores do not make a step eager: launch copies them around the replay.)"""
+        return decode_graph_size(scheduled, list(self.graphs))  # ascending
 
     def _capture_decode_graphs(self, capture: Capture | None = None) -> None:
         """Captures model forward + LM head + greedy sampling for decode batches of each bucket size.
@@ -774,7 +741,7 @@ class ModelRunner:
         return shared_memory_carveout(10, {"_int4_gemv_kernel": -1})
 
     def _run_decode_graph(
-        self, scheduled: list[tuple[Sequence, int]], size: int, prev: LaunchedStep | None, slot: int | None
+        self, scheduled: list[tuple[SeqState, int]], size: int, prev: LaunchedStep | None, slot: int | None
     ) -> torch.Tensor:
         seqs = [seq for seq, _ in scheduled]
         # every pending input token is one prev sampled (they come only from pipelined decodes)

@@ -6,7 +6,7 @@ Returned logprobs are always those of the raw logits, so penalties and temperatu
 what a client sees as the model's probabilities.
 
 `process_logits` (penalties and suppression) and `probabilities` (the distribution a sampled row
-draws from) are the two halves of that pipeline; speculative verification (runner/rejection.py)
+draws from) are the two halves of that pipeline; speculative verification (speculative/rejection.py)
 reuses them so that it accepts drafts against exactly the distribution this sampler draws from.
 
 Every per-row setting is decided from the Python-side params, never by reading a device tensor
@@ -88,7 +88,7 @@ def process_logits(
 
     `logits` is [num_rows, vocab]; every list holds one entry per row (a row's history is its
     prompt and the output it follows). Returns `logits` itself when nothing applies, else a new
-    tensor. Speculative verification (runner/rejection.py) runs it over rows whose output
+    tensor. Speculative verification (speculative/rejection.py) runs it over rows whose output
     histories include the drafts before them.
     """
     logits = apply_penalties(logits, params, prompt_token_ids, output_token_ids)

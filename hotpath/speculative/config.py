@@ -29,7 +29,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1  # ngram: the shortest suffix looked up in the context
     prompt_lookup_max: int = 4  # ngram: the longest
     # choose each step's number of drafts (0..num_speculative_tokens) from measured acceptance
-    # and step times (engine/spec/policy.py); False: always num_speculative_tokens
+    # and step times (speculative/policy.py); False: always num_speculative_tokens
     adaptive: bool = True
 
     @classmethod

@@ -3,7 +3,7 @@
 A drafter sets `seq.draft_token_ids` (at most the number of draft slots the scheduler reserved)
 and `seq.draft_probs`, the distribution each draft was drawn from ([k, vocab] float32 on the
 device; None where drafts are point masses, as n-gram lookups are). Verification
-(hotpath/runner/rejection.py) makes the output exactly the target's whatever a drafter proposes;
+(hotpath/speculative/rejection.py) makes the output exactly the target's whatever a drafter proposes;
 a drafter only decides how many tokens a step gains.
 """
 
@@ -12,32 +12,33 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hotpath.engine.sequence import Sequence, SequenceStatus
-from hotpath.engine.spec.config import SpeculativeConfig
-from hotpath.engine.spec.ngram import ngram_propose
-from hotpath.runner.model_runner import LaunchedStep, ModelRunner, Row, is_plain_greedy
+from hotpath.speculative.config import SpeculativeConfig
+from hotpath.speculative.ngram import ngram_propose
+from hotpath.runner.model_runner import LaunchedStep, ModelRunner, Row
 from hotpath.runner.sampler import probabilities, process_logits
+from hotpath.runner.seq_state import SeqState, is_plain_greedy
 
 
 class Drafter:
     """What every drafter answers; the defaults are a drafter that keeps nothing between steps."""
 
-    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+    def propose(self, seqs: list[SeqState], slots: list[int]) -> None:
         """Drafts for each decoding sequence, at most slots[i] of them."""
         raise NotImplementedError
 
-    def behind(self, seqs: list[Sequence]) -> int:
+    def behind(self, seqs: list[SeqState]) -> int:
         """The tokens propose() would run through before drafting for seqs."""
         return 0
 
-    def collected(self, step: LaunchedStep) -> None:
-        """A step's tokens reached the host (and were appended)."""
+    def collected(self, step: LaunchedStep, gone: set[int]) -> None:
+        """A step's tokens reached the host (and were appended); `gone`: sequences finished or
+        preempted since it was launched."""
 
-    def forget(self, seq: Sequence) -> None:
+    def forget(self, seq: SeqState) -> None:
         """seq finished."""
 
 
-def draft_tokens(logits: torch.Tensor, sampling: list[Sequence], probs: dict[int, list[torch.Tensor]]) -> None:
+def draft_tokens(logits: torch.Tensor, sampling: list[SeqState], probs: dict[int, list[torch.Tensor]]) -> None:
     """Appends each row's next draft to its sequence (logits [rows, target vocab], rows in the
     order of `sampling`): the processed argmax for greedy requests, else a sample of the processed
     distribution q, which is kept in probs[seq_id] for the rejection sampler."""
@@ -58,7 +59,7 @@ def draft_tokens(logits: torch.Tensor, sampling: list[Sequence], probs: dict[int
         seq.draft_token_ids.append(token)
 
 
-def set_draft_probs(seqs: list[Sequence], probs: dict[int, list[torch.Tensor]]) -> None:
+def set_draft_probs(seqs: list[SeqState], probs: dict[int, list[torch.Tensor]]) -> None:
     for seq in seqs:
         if probs[seq.seq_id] and not seq.params.greedy:
             seq.draft_probs = torch.stack(probs[seq.seq_id])  # [k, vocab]
@@ -71,12 +72,12 @@ class NgramDrafter(Drafter):
         # appended to, not converted from the token list every step (O(context) a sequence)
         self.contexts: dict[int, tuple[np.ndarray, int]] = {}
 
-    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+    def propose(self, seqs: list[SeqState], slots: list[int]) -> None:
         for seq, k in zip(seqs, slots):
             seq.draft_token_ids = ngram_propose(self._context(seq), k, self.min_n, self.max_n)
             seq.draft_probs = None
 
-    def _context(self, seq: Sequence) -> np.ndarray:
+    def _context(self, seq: SeqState) -> np.ndarray:
         buf, n = self.contexts.get(seq.seq_id, (np.empty(0, dtype=np.int64), 0))
         total = seq.num_known_tokens
         if total > len(buf):
@@ -91,7 +92,7 @@ class NgramDrafter(Drafter):
         self.contexts[seq.seq_id] = (buf, total)
         return buf[:total]
 
-    def forget(self, seq: Sequence) -> None:
+    def forget(self, seq: SeqState) -> None:
         self.contexts.pop(seq.seq_id, None)
 
 
@@ -121,7 +122,7 @@ class DraftModelDrafter(Drafter):
         self.max_tokens = max_tokens_per_forward
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+    def propose(self, seqs: list[SeqState], slots: list[int]) -> None:
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
         probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq in seqs}
@@ -136,10 +137,10 @@ class DraftModelDrafter(Drafter):
             self._step(rows, probs)
         set_draft_probs(seqs, probs)
 
-    def behind(self, seqs: list[Sequence]) -> int:
+    def behind(self, seqs: list[SeqState]) -> int:
         return sum(seq.num_tokens - seq.num_draft_computed for seq in seqs)
 
-    def _in_graphs(self, seqs: list[Sequence], slots: list[int]) -> bool:
+    def _in_graphs(self, seqs: list[SeqState], slots: list[int]) -> bool:
         """Greedy drafts for each sequence through graphs (see the class doc): as many as the
         most slots for every row, each cut to its own; False, having done nothing, where a step
         is too big for them, a row's drafts would pass its blocks, or there are no graphs."""
@@ -187,7 +188,7 @@ class DraftModelDrafter(Drafter):
             seq.draft_token_ids = [min(t, top) for t in row[:n]]
         return True
 
-    def _catch_up(self, seqs: list[Sequence], probs: dict[int, list[torch.Tensor]]) -> None:
+    def _catch_up(self, seqs: list[SeqState], probs: dict[int, list[torch.Tensor]]) -> None:
         """Runs each sequence through the tokens it has not seen, in forwards of at most
         max_tokens tokens, and takes its first draft from the last."""
         todo = list(seqs)
@@ -245,12 +246,12 @@ class MtpDrafter(Drafter):
         self.last: dict[int, torch.Tensor] = {}  # seq_id -> the head's output at its last row [hidden]
 
     @torch.inference_mode()
-    def collected(self, step: LaunchedStep) -> None:
+    def collected(self, step: LaunchedStep, gone: set[int]) -> None:
         if step.hidden is None:
             return
         rows, spans = [], []
         for seq, first, count, offset in step.hidden_rows:
-            if seq.status != SequenceStatus.RUNNING:  # finished or preempted: its blocks are gone
+            if seq.seq_id in gone:  # finished or preempted: its blocks are gone
                 continue
             # the positions whose next token is on the host: a verify row's kept tokens (the
             # rejected drafts were never appended), a prefill chunk's, a decode's
@@ -270,7 +271,7 @@ class MtpDrafter(Drafter):
             seq.num_draft_computed = rows[r].first + len(rows[r].tokens)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
+    def propose(self, seqs: list[SeqState], slots: list[int]) -> None:
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
         # caught up to the position before the last token (a sequence the head has not: no drafts)
@@ -292,7 +293,7 @@ class MtpDrafter(Drafter):
             draft_tokens(self.mtp.compute_logits(out), [rows[r].seq for r in order], probs)
         set_draft_probs([seq for seq, _ in ready], probs)
 
-    def forget(self, seq: Sequence) -> None:
+    def forget(self, seq: SeqState) -> None:
         self.last.pop(seq.seq_id, None)
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from hotpath.bench import latency
 from hotpath.cli import build_parser
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 
 
 def bench_namespace(*flags: str):

@@ -12,7 +12,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
 from hotpath.sampling_params import SamplingParams
 
@@ -75,7 +75,7 @@ class Overlaps:
     """Counts the launches made while another step was still uncollected."""
 
     def __init__(self, engine: Engine, monkeypatch) -> None:
-        runner = engine.runner
+        runner = engine.executor.runner
         launch, collect = runner.launch, runner.collect
         self.in_flight, self.count = 0, 0
 
@@ -240,7 +240,7 @@ def test_mixed_steps_overlap(model, monkeypatch):
     requests = [(str(i), {"prompt_token_ids": p}, greedy(max_tokens=6 + 3 * i)) for i, p in enumerate(prompts)]
     sync = drive(make_engine(path, False, max_num_seqs=2, max_num_batched_tokens=16), requests)
     engine = make_engine(path, True, max_num_seqs=2, max_num_batched_tokens=16)
-    runner, launch, collect = engine.runner, engine.runner.launch, engine.runner.collect
+    runner, launch, collect = engine.executor.runner, engine.executor.runner.launch, engine.executor.runner.collect
     uncollected, mixed_overlaps = [], []
 
     def tracked_launch(scheduled, prev=None):

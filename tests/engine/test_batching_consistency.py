@@ -64,7 +64,7 @@ def test_prefix_cache_hits(setup, one_by_one):
     assert llm.engine.kv_cache.prefix_hit_tokens > hits_before
     for o, p in zip(again, prompts):
         hit = (len(p) - 1) // 16 * 16
-        if llm.engine.runner.state_layers and hit != len(p) // 16 * 16:
+        if llm.engine.executor.runner.state_layers and hit != len(p) // 16 * 16:
             # a hybrid: the hit reaches as far as a snapshot of the state, here the prompt's last
             # block boundary (none between it and the start for these short prompts)
             hit = 0
@@ -77,7 +77,7 @@ def test_preemption(setup, one_by_one):
     assert llm.engine.scheduler.num_preemptions > 0
     assert preempted == one_by_one
     assert llm.engine.kv_cache.num_free_blocks == 24  # everything freed at the end
-    assert len(llm.engine.kv_cache.free_state_slots) == llm.engine.runner.num_state_slots
+    assert len(llm.engine.kv_cache.free_state_slots) == llm.engine.executor.runner.num_state_slots
 
 
 def test_preemption_with_prefix_cache_and_chunks(setup, one_by_one):

@@ -18,7 +18,7 @@ import torch
 
 from hotpath import LLM, SamplingParams
 from hotpath.config import EngineConfig
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.layers.attention import Attention
 from hotpath.models.registry import read_config
 from hotpath.runner.model_runner import ModelRunner
@@ -49,9 +49,9 @@ def engines(tiny_model_factory) -> dict[str, LLM]:
 
 
 def test_the_flag_reaches_the_cache(engines):
-    runner = engines["fp8"].engine.runner
+    runner = engines["fp8"].engine.executor.runner
     assert runner.kv_cache_dtype == torch.float8_e4m3fn
-    assert engines["auto"].engine.runner.kv_cache_dtype == torch.float32
+    assert engines["auto"].engine.executor.runner.kv_cache_dtype == torch.float32
     for layer in runner.kv_layers:
         assert all(c.dtype == torch.float8_e4m3fn for c in layer.caches())
         assert layer.cache_scales() == (1.0, 1.0)  # the checkpoint has none
@@ -138,7 +138,7 @@ def test_checkpoint_scales_are_read(tiny_model_factory, tmp_path):
               "model.layers.1.self_attn.k_proj.output_scale": torch.tensor([0.25], dtype=torch.bfloat16),
               "model.layers.1.self_attn.v_proj.output_scale": torch.tensor(2.0)}
     llm = _llm(_with_scales(path, tmp_path / "scaled", scales), "fp8")
-    layers = llm.engine.runner.kv_layers
+    layers = llm.engine.executor.runner.kv_layers
     assert [layer.cache_scales() for layer in layers] == [(0.015625, 0.5), (0.25, 2.0), (1.0, 1.0)]
     prompts = _prompts()[:3]
     got = _greedy(llm, prompts, 4)
@@ -200,7 +200,7 @@ def test_cuda_fp8_kv_cache_engine():
 
     prompts = [p * 8 for p in _prompts()]  # 32 to 320 tokens
     bf16 = engine("auto")
-    blocks_bf16 = bf16.engine.runner.num_blocks
+    blocks_bf16 = bf16.engine.executor.runner.num_blocks
     base = _greedy(bf16, prompts, 24)
     prefixes = [p + o.token_ids[:i] for p, o in zip(prompts, base) for i in range(0, 24, 3)]
     expected = [o.token_ids[i] for o in base for i in range(0, 24, 3)]
@@ -208,9 +208,9 @@ def test_cuda_fp8_kv_cache_engine():
     gc.collect()
     torch.cuda.empty_cache()
     fp8 = engine("fp8")
-    assert fp8.engine.runner.kv_layers[0].caches()[0].dtype in (torch.float8_e4m3fn,
+    assert fp8.engine.executor.runner.kv_layers[0].caches()[0].dtype in (torch.float8_e4m3fn,
                                                                 torch.float8_e4m3fnuz)
-    ratio = fp8.engine.runner.num_blocks / blocks_bf16
+    ratio = fp8.engine.executor.runner.num_blocks / blocks_bf16
     free = [sum(1 for _ in iter_agreeing(a.token_ids, b.token_ids))
             for a, b in zip(base, _greedy(fp8, prompts, 24))]
     got = [o.token_ids[0] for o in _greedy(fp8, prefixes, 1)]

@@ -1,11 +1,11 @@
-"""The choice of each step's number of drafts (engine/spec/policy.py): from measured acceptance
+"""The choice of each step's number of drafts (speculative/policy.py): from measured acceptance
 and measured step times, k = 0 where speculation does not pay, with periodic re-measurement."""
 
 import pytest
 
 from hotpath import LLM, SamplingParams
 from hotpath.engine.sequence import Sequence
-from hotpath.engine.spec.policy import EXPLORE_BUDGET, EXPLORE_EVERY, DraftLengthPolicy
+from hotpath.speculative.policy import EXPLORE_BUDGET, EXPLORE_EVERY, DraftLengthPolicy
 
 K = 4
 
@@ -154,7 +154,7 @@ def test_ngram_without_matches_counts_misses(tiny_model_factory):
     while engine.has_unfinished_requests():
         drafted = seq.num_drafted
         engine.step()
-        now = engine.spec_policy.acceptance.get(seq.seq_id, last)
+        now = engine.speculation.policy.acceptance.get(seq.seq_id, last)
         misses += now < last and seq.num_drafted == drafted  # lowered with no draft verified
         last = now
     assert misses >= 2
@@ -202,6 +202,6 @@ def test_adaptive_engine_output_equals_plain(tiny_model_factory):
     _, want = run()
     llm, got = run(speculative_config={"method": "draft_model", "model": str(path), "num_speculative_tokens": K})
     assert got == want
-    times = llm.engine.spec_policy.step_time
+    times = llm.engine.speculation.policy.step_time
     assert (4, K) in times and (4, 0) in times  # both ends measured at this batch size
-    assert llm.engine.spec_policy.catch_up_cost > 0  # the draft's catch-up on the prompts, timed
+    assert llm.engine.speculation.policy.catch_up_cost > 0  # the draft's catch-up on the prompts, timed

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from tiny_models import perturbed_copy
 
 from hotpath import LLM, SamplingParams
-from hotpath.engine.spec.config import SpeculativeConfig
-from hotpath.engine.spec.ngram import ngram_propose
+from hotpath.speculative.config import SpeculativeConfig
+from hotpath.speculative.ngram import ngram_propose
 
 LENGTHS = [5, 33, 70, 16, 48, 91]
 PARAMS = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -211,7 +211,7 @@ def test_ngram_drafter_keeps_each_context_incrementally(setup):
     path, _, prompts = setup
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               speculative_config=drafters(None)["ngram"])
-    drafter = llm.engine.drafter
+    drafter = llm.engine.speculation.drafter
     propose, checked = drafter.propose, []
 
     def checking(seqs, slots):
@@ -228,20 +228,20 @@ def test_ngram_drafter_keeps_each_context_incrementally(setup):
         llm.engine.step()
     assert drafter.contexts
     llm.engine.abort_request("aborted")
-    assert not drafter.contexts and not llm.engine.spec_policy.acceptance
+    assert not drafter.contexts and not llm.engine.speculation.policy.acceptance
 
 
 def test_at_most_so_many_sequences_draft_in_a_step(setup, plain, monkeypatch):
     """Past SPEC_GRAPH_MAX_ROWS decoding sequences (the speculative graphs' rows, the verify rows a
     hybrid keeps states for) the rest decode plainly in that step; outputs are unchanged."""
-    from hotpath.engine import engine as engine_module
+    from hotpath.engine import speculation as engine_module
 
     monkeypatch.setattr(engine_module, "SPEC_GRAPH_MAX_ROWS", 2)
     path, draft, prompts = setup
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               speculative_config=drafters(draft)["draft_model"])
-    propose, rows = llm.engine.drafter.propose, []
-    llm.engine.drafter.propose = lambda seqs, slots: rows.append(len(seqs)) or propose(seqs, slots)
+    propose, rows = llm.engine.speculation.drafter.propose, []
+    llm.engine.speculation.drafter.propose = lambda seqs, slots: rows.append(len(seqs)) or propose(seqs, slots)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == plain
     assert rows and max(rows) == 2

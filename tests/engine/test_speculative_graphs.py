@@ -23,7 +23,7 @@ def setup(tiny_model_factory, tmp_path_factory):
 def generate(path, prompts, params, graphs: bool, **kwargs):
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               max_num_seqs=8, **kwargs)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     if graphs:
         runner._capture_decode_graphs(capture=eager_capture)
     replays = []  # (draft model?, q, rows' token counts) of each replay
@@ -72,7 +72,7 @@ def test_graph_steps_equal_plain(setup, plain, method):
         # device): the same acceptance at every position
         _, _, eager = generate(path, prompts, PARAMS, graphs=False, speculative_config=spec)
         assert llm.engine.spec_stats.accepted_per_pos == eager.engine.spec_stats.accepted_per_pos
-    assert set(llm.engine.runner.row_graphs) == ({(False, k + 1), (True, k + 1), (True, 1)}
+    assert set(llm.engine.executor.runner.row_graphs) == ({(False, k + 1), (True, k + 1), (True, 1)}
                                                  if method == "draft_model" else {(False, k + 1)})
     assert llm.engine.spec_stats.num_accepted_tokens > 0
 
@@ -86,13 +86,13 @@ def test_draft_model_catches_up_in_graphs_after_plain_steps(setup, plain):
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               max_num_seqs=8, speculative_config=spec)
     engine = llm.engine
-    engine.runner._capture_decode_graphs(capture=eager_capture)
+    engine.executor.runner._capture_decode_graphs(capture=eager_capture)
     turn = iter(range(10**6))
-    engine.spec_policy.choose = lambda seqs, prefilling=False, behind=0: spec["num_speculative_tokens"] if next(turn) % 4 == 3 else 0
+    engine.speculation.policy.choose = lambda seqs, prefilling=False, behind=0: spec["num_speculative_tokens"] if next(turn) % 4 == 3 else 0
     eager, behind = [], []
-    catch_up, in_graphs = engine.drafter._catch_up, engine.drafter._in_graphs
-    engine.drafter._catch_up = lambda seqs, probs: eager.append(len(seqs)) or catch_up(seqs, probs)
-    engine.drafter._in_graphs = lambda seqs, slots: behind.append(max(engine.drafter.behind([s]) for s in seqs)) or in_graphs(seqs, slots)
+    catch_up, in_graphs = engine.executor.worker.drafter._catch_up, engine.executor.worker.drafter._in_graphs
+    engine.executor.worker.drafter._catch_up = lambda seqs, probs: eager.append(len(seqs)) or catch_up(seqs, probs)
+    engine.executor.worker.drafter._in_graphs = lambda seqs, slots: behind.append(max(engine.executor.worker.drafter.behind([s]) for s in seqs)) or in_graphs(seqs, slots)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == want
     assert eager == [len(prompts)]  # the prompts, once

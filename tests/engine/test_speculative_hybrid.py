@@ -155,7 +155,7 @@ def test_async_scheduling_adaptive(setup, plain, method):
 def count_rollbacks(llm):
     """Counts the verify rows rolled back (kept fewer than their tokens), and those whose pending
     snapshot was saved in the step past the tokens they kept (it must never be registered)."""
-    runner, counts = llm.engine.runner, {"rows": 0, "snapshots_past_kept": 0}
+    runner, counts = llm.engine.executor.runner, {"rows": 0, "snapshots_past_kept": 0}
     rollback = runner.rollback_states
 
     def counting(rows):
@@ -211,7 +211,7 @@ def test_dense_target_with_hybrid_draft(tiny_model_factory):
     want = generate(make_llm(str(target)), prompts)
     llm = make_llm(str(target), speculative_config={"method": "draft_model", "model": str(draft),
                                                     "num_speculative_tokens": 3, "adaptive": False})
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     assert not runner.state_layers and runner.draft_state_layers and llm.engine.kv_cache.snapshots is None
     assert generate(llm, prompts) == want
     assert llm.engine.spec_stats.num_draft_tokens > 0
@@ -332,7 +332,7 @@ def test_rollback_states_skips_rows_that_kept_everything(tiny_model_factory, mon
     path, _ = tiny_model_factory("qwen3next-hybrid")
     llm = make_llm(str(path), speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                                   "adaptive": False})
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     calls = []
     monkeypatch.setattr(GatedDeltaNet, "rollback", lambda self, rows, kept: calls.append((rows, kept)))
 

@@ -1,5 +1,5 @@
 """Speculative decoding with the checkpoint's multi-token-prediction head (method "mtp";
-engine/spec/drafters.MtpDrafter, models/mtp.py) on Qwen3-Next's and Qwen3.5's tiny models with an
+speculative/drafters.MtpDrafter, models/mtp.py) on Qwen3-Next's and Qwen3.5's tiny models with an
 `mtp.*` head in the published layout: greedy output equals it without speculation, token for
 token, together, through chunked prefill, preemption and prefix-cache hits; the head's drafts after
 catching up step by step (prefill chunks, decodes, verify rows' kept tokens) are the head's guess
@@ -86,7 +86,7 @@ def test_decode_graphs_leave_the_hidden_states(setup):
     want = drafts_proposed(eager, prompts[:3], PARAMS)
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               speculative_config=MTP, max_num_seqs=4)
-    llm.engine.runner._capture_decode_graphs(capture=eager_capture)
+    llm.engine.executor.runner._capture_decode_graphs(capture=eager_capture)
     replays = []
 
     def recorded(replay, size):
@@ -95,12 +95,12 @@ def test_decode_graphs_leave_the_hidden_states(setup):
             replay()
         return run
 
-    for size, (graph, _) in llm.engine.runner.graphs.items():
+    for size, (graph, _) in llm.engine.executor.runner.graphs.items():
         graph.replay = recorded(graph.replay, size)
     # every other step plain (as the adaptive policy's k = 0), so decodes run in the graphs
-    choose = llm.engine.spec_policy.choose
+    choose = llm.engine.speculation.policy.choose
     turn = iter(range(10**6))
-    llm.engine.spec_policy.choose = lambda seqs, prefilling=False, behind=0: 0 if next(turn) % 2 else choose(seqs, prefilling)
+    llm.engine.speculation.policy.choose = lambda seqs, prefilling=False, behind=0: 0 if next(turn) % 2 else choose(seqs, prefilling)
     got = drafts_proposed(llm, prompts[:3], PARAMS)
     assert replays
     # after a plain step the head caught up on it: the drafts at the contexts both runs drafted at
@@ -119,13 +119,13 @@ def test_qwen3_5_greedy_equals_plain(tmp_path_factory):
 def drafts_proposed(llm, prompts, params):
     """(context, drafts) of every step the engine drafted in."""
     log = []
-    propose = llm.engine.drafter.propose
+    propose = llm.engine.executor.worker.drafter.propose
 
     def logged(seqs, slots):
         propose(seqs, slots)
         log.extend((tuple(seq.all_token_ids), list(seq.draft_token_ids)) for seq in seqs if seq.draft_token_ids)
 
-    llm.engine.drafter.propose = logged
+    llm.engine.executor.worker.drafter.propose = logged
     llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return log
 

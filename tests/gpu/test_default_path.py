@@ -90,10 +90,10 @@ def check_defaults(llm: LLM, preset: str) -> None:
     assert engine.config.max_model_len == MAX_MODEL_LEN
     assert engine.config.enable_prefix_caching and engine.config.max_num_seqs == 256
     assert engine.config.num_gpu_blocks_override is None and engine.config.gpu_memory_utilization == 0.9
-    assert engine.async_scheduling and max(engine.runner.graphs) == 256
-    kv_blocks.setdefault(preset, engine.runner.num_blocks)
-    assert engine.runner.num_blocks >= 0.99 * kv_blocks[preset], (
-        f"{engine.runner.num_blocks} KV blocks, the first {preset} engine had {kv_blocks[preset]}")
+    assert engine.async_scheduling and max(engine.executor.runner.graphs) == 256
+    kv_blocks.setdefault(preset, engine.executor.runner.num_blocks)
+    assert engine.executor.runner.num_blocks >= 0.99 * kv_blocks[preset], (
+        f"{engine.executor.runner.num_blocks} KV blocks, the first {preset} engine had {kv_blocks[preset]}")
 
 
 def random_prompts(llm: LLM, lengths: list[int], seed: int) -> list[list[int]]:

@@ -35,7 +35,7 @@ def test_greedy_equals_plain_on_gpu(tiny_model_factory, name, method, adaptive):
         llm = LLM(str(path), skip_tokenizer_init=True, dtype="float32", max_model_len=512,
                   gpu_memory_utilization=0.3, **kw)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
-        drafted = llm.engine.spec_stats.num_draft_tokens, len(llm.engine.runner.row_graphs)
+        drafted = llm.engine.spec_stats.num_draft_tokens, len(llm.engine.executor.runner.row_graphs)
         del llm  # its memory back before the next engine sizes its cache
         gc.collect()
         torch.cuda.empty_cache()
@@ -54,7 +54,7 @@ def test_real_shapes_complete():
                                   "num_speculative_tokens": 4})
     outs = llm.generate([{"prompt_token_ids": list(range(100, 612))}] * 2, PARAMS, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == PARAMS.max_tokens for o in outs)
-    assert llm.engine.spec_policy.step_time  # decode steps were timed
+    assert llm.engine.speculation.policy.step_time  # decode steps were timed
 
 
 def test_mtp_greedy_equals_plain_on_gpu(tmp_path):

@@ -61,7 +61,7 @@ def test_hybrid_decode_graphs_match_eager(name, tiny_model_factory):
     def run(enforce_eager, turn2=None):
         llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype="float32", max_model_len=512,
                   max_num_seqs=8, num_gpu_blocks_override=256, enforce_eager=enforce_eager)
-        runner = llm.engine.runner
+        runner = llm.engine.executor.runner
         assert bool(runner.graphs) != enforce_eager
         replays = []
         if runner.graphs:

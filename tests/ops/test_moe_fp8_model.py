@@ -31,7 +31,7 @@ def _llm(path) -> LLM:
 
 
 def _experts(llm: LLM) -> list[FusedExperts]:
-    return [m for m in llm.engine.runner.model.modules() if isinstance(m, FusedExperts)]
+    return [m for m in llm.engine.executor.runner.model.modules() if isinstance(m, FusedExperts)]
 
 
 def _dequantize_experts(llm: LLM) -> None:

@@ -19,7 +19,7 @@ def make_llm(path, graphs: bool, **kwargs) -> LLM:
     kwargs = {"max_num_seqs": 8, **kwargs}
     llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=256, **kwargs)
     if graphs:
-        llm.engine.runner._capture_decode_graphs(capture=eager_capture)
+        llm.engine.executor.runner._capture_decode_graphs(capture=eager_capture)
     return llm
 
 
@@ -57,8 +57,8 @@ def test_plain_greedy_decode_skips_the_sampler(prompts, monkeypatch):
     want = generate(make_llm(path, graphs=False), ps, PLAIN)
     llm = make_llm(path, graphs=True)
     calls = []
-    sampler = llm.engine.runner.sampler
-    monkeypatch.setattr(llm.engine.runner, "sampler", lambda *a: calls.append(len(a[0])) or sampler(*a))
+    sampler = llm.engine.executor.runner.sampler
+    monkeypatch.setattr(llm.engine.executor.runner, "sampler", lambda *a: calls.append(len(a[0])) or sampler(*a))
     assert_same(generate(llm, ps, PLAIN), want)
     # only the prefill steps sampled eagerly (a graph replays decodes of up to 8 rows)
     assert calls and sum(calls) == len(ps)
@@ -76,7 +76,7 @@ def test_short_context_graphs(prompts, monkeypatch):
     # as if the attention split contexts into 16-token pieces: 2 and 3 splits against 16
     monkeypatch.setattr(row_graphs, "decode_splits", lambda seqs, heads, ctx, device: -(-ctx // 16))
     llm = make_llm(path, graphs=True)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     limits = [32, 48, 256]
     replays = []  # (the graph's context limit, the step's longest context)
 
@@ -120,8 +120,8 @@ def test_async_scheduling_through_the_graphs(prompts, monkeypatch):
               for n in (14, 20, 9)] * 2
     want = generate(make_llm(path, graphs=False), ps * 2, params)
     llm = make_llm(path, graphs=True, async_scheduling=True, max_num_seqs=6)
-    del llm.engine.runner.graphs[6]  # 5 or 6 rows run eagerly, fewer through graphs
-    inputs = llm.engine.runner.decode_inputs
+    del llm.engine.executor.runner.graphs[6]  # 5 or 6 rows run eagerly, fewer through graphs
+    inputs = llm.engine.executor.runner.decode_inputs
     kinds = []
     fill = inputs.fill
 
@@ -142,7 +142,7 @@ def test_async_scheduling_through_the_graphs(prompts, monkeypatch):
     # tokens came back through the host ring, two steps in flight at a time; every row is given
     # back but that of the step still in flight (the run's last, of finished sequences only)
     assert set(slots) == {OUT_SLOTS - 1, OUT_SLOTS - 2}
-    held = llm.engine._in_flight.out_slot
+    held = llm.engine.executor.worker.steps[llm.engine._in_flight.step_id].out_slot
     assert sorted(inputs._free_slots + [held]) == list(range(OUT_SLOTS))
 
 
@@ -177,7 +177,7 @@ def test_hybrid_decode_through_the_graphs(name, async_scheduling, tiny_model_fac
     rounds.append((turn2, params[0]))
     want.append(generate(eager, *rounds[-1]))
     llm = make_llm(path, graphs=True, async_scheduling=async_scheduling)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     steps = []  # [decode-shaped, saves a snapshot, restores one, replayed a graph] per launch
     launch, run_graph = runner.launch, runner._run_decode_graph
 
@@ -210,7 +210,7 @@ def test_cuda_graph_greedy_matches_the_sampler(prompts, dtype):
     # workers) would take 90% of what the others left, and the second found none
     llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype=dtype, max_model_len=256,
               max_num_seqs=8, num_gpu_blocks_override=64)
-    assert llm.engine.runner.graphs
+    assert llm.engine.executor.runner.graphs
     top1 = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
     for plain, sampled in zip(generate(llm, ps, PLAIN), generate(llm, ps, top1)):
         ids, _, lps, _ = plain[0]
@@ -235,7 +235,7 @@ def test_cuda_short_context_graphs_match_eager(tiny_model_factory, monkeypatch):
         llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype="float32", max_model_len=256,
                   max_num_seqs=4, num_gpu_blocks_override=64, enforce_eager=eager, enable_prefix_caching=False)
         if not eager:
-            assert [ctx for ctx, _, _ in llm.engine.runner.short_graphs[1]] == [64, 128]
+            assert [ctx for ctx, _, _ in llm.engine.executor.runner.short_graphs[1]] == [64, 128]
         return [generate(llm, b, params) for b in batches]
 
     for got, want in zip(run(False), run(True)):

@@ -11,7 +11,7 @@ from hotpath import LLM
 def test_warm_up_sees_padding_rows(tiny_model_factory):
     path, _ = tiny_model_factory("qwen3-gqa8-untied-hd")
     llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=256, max_num_seqs=8)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     seen = []
 
     def capture(forward):
@@ -38,7 +38,7 @@ def test_hybrid_warm_up_sees_the_scratch_state_slot(tiny_model_factory):
     pool, and starting from zero states (a context of 1), so padding never touches a sequence's."""
     path, _ = tiny_model_factory("qwen3next-hybrid")
     llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=256, max_num_seqs=4)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     assert not runner.graphs  # no graphs on the CPU but through a stand-in capture
     scratch = runner.scratch_state_slot
     assert scratch == runner.num_state_slots == 4

@@ -1,4 +1,4 @@
-"""Speculative-draft verification (hotpath/runner/rejection.py): greedy chains, losslessness of the
+"""Speculative-draft verification (hotpath/speculative/rejection.py): greedy chains, losslessness of the
 sampled rule measured by chi-square tests with negative controls, seeded reproducibility."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hotpath.runner import rejection
-from hotpath.runner.rejection import VerifyOutput, verify_drafts
+from hotpath.speculative.rejection import VerifyOutput, verify_drafts
 from hotpath.runner.sampler import Sampler
 from hotpath.sampling_params import SamplingParams
 

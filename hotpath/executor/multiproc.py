@@ -1,0 +1,275 @@
+"""The executor of a worker process per rank (tensor parallelism, or one rank in a process of its own).
+
+The engine spawns this node's workers (across nodes, each other node runs `hotpath worker` with
+its --node-rank, whose workers connect the same way) and listens for them on the control channel
+(executor/channel.py: loopback for one node). Each step's plan is encoded once and written to every
+worker's connection: no rank relays another's plan and no collective waits on the engine, so a
+dead engine is an end-of-file to each worker and a dead worker is one to the engine. Every rank
+runs the plan and samples the same tokens; only rank 0 answers collect and propose.
+
+A worker that dies, or fails, stops the job: the engine notices within a second (its connection
+closes, or its process is gone), stops the other workers, and raises with the worker's error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import os
+import select
+import socket
+import time
+import traceback
+from dataclasses import asdict, replace
+from typing import Any
+
+from hotpath.args import EngineArgs
+from hotpath.executor.channel import Channel, ChannelError, connect, encode, job_secret
+from hotpath.executor.worker import WorkerInfo
+from hotpath.resolve import Resolved
+from hotpath.runner.plan import SampledToken, StepPlan, from_wire, to_wire, tokens_from_wire, tokens_to_wire
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 600.0  # loading a large model (its kernels compiled on first use) takes a while
+POLL_S = 0.5
+
+
+class WorkerError(RuntimeError):
+    """A worker process died or failed; the executor has stopped every worker."""
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def ports(args: EngineArgs) -> tuple[int, int]:
+    """(torch.distributed's rendezvous port, the control channel's): master_port and the next,
+    or free ports on one node."""
+    if args.master_port is not None:
+        return args.master_port, args.master_port + 1
+    if args.nnodes > 1:
+        raise ValueError("serving across nodes needs --master-port (every node must know it)")
+    return free_port(args.master_addr), free_port(args.master_addr)
+
+
+def spawn_workers(args: EngineArgs, secret: bytes, dist_port: int, control_port: int) -> list:
+    """Starts this node's workers: ranks node_rank * per_node ... + per_node - 1."""
+    per_node = args.tensor_parallel_size // args.nnodes
+    ctx = mp.get_context("spawn")
+    procs = []
+    for local_rank in range(per_node):
+        rank = args.node_rank * per_node + local_rank
+        p = ctx.Process(target=run_worker, name=f"hotpath-worker-{rank}",
+                        args=(asdict(args), rank, local_rank, dist_port, control_port, secret.hex()))
+        p.start()
+        procs.append(p)
+    return procs
+
+
+class MultiprocExecutor:
+    def __init__(self, resolved: Resolved) -> None:
+        args = resolved.args
+        self.size = args.tensor_parallel_size
+        self.secret = job_secret(args.nnodes)
+        dist_port, control_port = ports(args)
+        self._listener = socket.create_server((args.master_addr, control_port))
+        self.procs = spawn_workers(args, self.secret, dist_port, control_port)
+        self.channels: list[Channel | None] = [None] * self.size
+        self._dead = False
+        self._closed = False
+        self._next_step = 0
+        atexit.register(self.shutdown)
+        try:
+            self.info = self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self) -> WorkerInfo:
+        """Accepts every rank's connection (refusing peers without the secret), then waits for
+        each to load its shard; returns rank 0's WorkerInfo."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        self._listener.settimeout(POLL_S)
+        while any(c is None for c in self.channels):
+            self._check_processes()
+            if time.monotonic() > deadline:
+                raise WorkerError(f"workers did not connect within {START_TIMEOUT_S:.0f} s")
+            try:
+                sock, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            sock.settimeout(10.0)  # a peer gets this long to present itself
+            chan = Channel(sock, self.secret, "engine")
+            try:
+                hello = chan.recv()
+                rank = hello["rank"]
+                if not isinstance(rank, int) or not 0 <= rank < self.size or self.channels[rank] is not None:
+                    raise ChannelError(f"bad rank {rank!r}")
+            except (ChannelError, OSError, KeyError, TypeError, ValueError) as e:
+                logger.warning("control channel: refused a connection from %s: %s", peer, e)
+                chan.close()
+                continue
+            sock.settimeout(None)
+            self.channels[rank] = chan
+        replies = [self._wait(rank, deadline) for rank in range(self.size)]
+        return WorkerInfo(**replies[0]["ready"])
+
+    # ---- the executor's calls -----------------------------------------------------------
+    def launch(self, plan: StepPlan) -> int:
+        self._broadcast({"op": "launch", "plan": to_wire(plan)})
+        self._next_step += 1  # the workers number their steps the same way
+        return self._next_step - 1
+
+    def collect(self, step_id: int, gone: list[int]) -> dict[int, list[SampledToken]]:
+        self._broadcast({"op": "collect", "step": step_id, "gone": gone})
+        return tokens_from_wire(self._wait(0)["tokens"])
+
+    def propose(self, plan: StepPlan) -> dict[int, tuple[list[int], int]]:
+        self._broadcast({"op": "propose", "plan": to_wire(plan)})
+        return {int(k): (v[0], v[1]) for k, v in self._wait(0)["drafts"].items()}
+
+    def shutdown(self) -> None:
+        """Asks every worker to stop, then makes sure each process is gone."""
+        if self._closed:
+            return
+        self._closed = True
+        for chan in self.channels:
+            if chan is not None:
+                try:
+                    chan.send({"op": "shutdown"})
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 5.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+        for chan in self.channels:
+            if chan is not None:
+                chan.close()
+        self._listener.close()
+        atexit.unregister(self.shutdown)
+
+    # ---- plumbing -----------------------------------------------------------------------
+    def _broadcast(self, message: dict[str, Any]) -> None:
+        if self._dead:
+            raise WorkerError("the workers were stopped after an earlier failure")
+        payload = encode(message)
+        for rank, chan in enumerate(self.channels):
+            try:
+                chan.send_encoded(payload)
+            except OSError as e:
+                self._fail(f"worker rank {rank} is gone ({e})")
+
+    def _wait(self, rank: int, deadline: float | None = None) -> dict[str, Any]:
+        """Rank's next message, watching every other rank for an error or an end while waiting."""
+        while True:
+            ready, _, _ = select.select([c for c in self.channels if c is not None], [], [], POLL_S)
+            for chan in ready:
+                r = self.channels.index(chan)
+                try:
+                    message = chan.recv()
+                except (ChannelError, OSError) as e:
+                    self._fail(f"worker rank {r} stopped: {self._exit(r) or e}")
+                if "error" in message:
+                    self._fail(f"worker rank {r} failed:\n{message['error']}")
+                if r == rank:
+                    return message
+                self._fail(f"worker rank {r} sent {sorted(message)} unasked")
+            self._check_processes()
+            if deadline is not None and time.monotonic() > deadline:
+                self._fail(f"worker rank {rank} did not answer within {START_TIMEOUT_S:.0f} s")
+
+    def _check_processes(self) -> None:
+        for p in self.procs:
+            if not p.is_alive():
+                self._fail(f"worker process {p.name} died ({_exit_description(p.exitcode)})")
+
+    def _exit(self, rank: int) -> str | None:
+        per_node = len(self.procs)
+        p = self.procs[rank] if rank < per_node else None
+        if p is None:
+            return None
+        p.join(1.0)
+        return None if p.exitcode is None else f"its process {_exit_description(p.exitcode)}"
+
+    def _fail(self, reason: str) -> None:
+        self._dead = True
+        self.shutdown()
+        raise WorkerError(reason)
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+# ---- the worker process -------------------------------------------------------------------------
+def run_worker(args: dict[str, Any], rank: int, local_rank: int, dist_port: int, control_port: int,
+               secret_hex: str) -> None:
+    """A worker process: joins the job, builds its rank's shard, then runs what the engine sends
+    until it says stop or goes away."""
+    import torch
+
+    from hotpath.distributed.init import destroy_distributed, init_distributed
+    from hotpath.executor.worker import Worker
+    from hotpath.resolve import resolve
+
+    engine_args = EngineArgs(**args)
+    host = engine_args.master_addr
+    try:
+        chan = connect(host, control_port, bytes.fromhex(secret_hex), timeout=60.0)
+    except OSError:
+        return  # the engine is gone
+    chan.send({"rank": rank})
+    parallel = None
+    try:
+        resolved = resolve(engine_args)
+        cuda = resolved.device.type == "cuda"
+        if cuda:
+            resolved.device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(resolved.device)
+        parallel = init_distributed(rank, engine_args.tensor_parallel_size, init_method=f"tcp://{host}:{dist_port}",
+                                    backend="nccl" if cuda else "gloo", local_rank=local_rank if cuda else None)
+        parallel = replace(parallel, expert_parallel=engine_args.enable_expert_parallel)
+        worker = Worker(resolved, parallel)
+        chan.send({"ready": asdict(worker.info())})
+        _serve(worker, chan, rank)
+    except ChannelError:
+        pass  # the engine closed the channel: nothing to report to
+    except BaseException:
+        try:
+            chan.send({"error": traceback.format_exc()})
+        except OSError:
+            pass
+        os._exit(1)
+    finally:
+        destroy_distributed(parallel)
+        chan.close()
+
+
+def _serve(worker, chan: Channel, rank: int) -> None:
+    while True:
+        message = chan.recv()
+        op = message["op"]
+        if op == "launch":
+            worker.launch(from_wire(message["plan"]))
+        elif op == "collect":
+            tokens = worker.collect(message["step"], message["gone"])
+            if rank == 0:
+                chan.send({"tokens": tokens_to_wire(tokens)})
+        elif op == "propose":
+            drafts = worker.propose(from_wire(message["plan"]))
+            if rank == 0:
+                chan.send({"drafts": {str(k): v for k, v in drafts.items()}})
+        elif op == "shutdown":
+            return
+        else:
+            raise ValueError(f"unknown op {op!r}")
