@@ -14,11 +14,13 @@ closes, or its process is gone), stops the other workers, and raises with the wo
 from __future__ import annotations
 
 import atexit
+import json
 import logging
-import multiprocessing as mp
 import os
 import select
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -56,16 +58,21 @@ def ports(args: EngineArgs) -> tuple[int, int]:
     return free_port(args.master_addr), free_port(args.master_addr)
 
 
-def spawn_workers(args: EngineArgs, secret: bytes, dist_port: int, control_port: int) -> list:
-    """Starts this node's workers: ranks node_rank * per_node ... + per_node - 1."""
+def spawn_workers(args: EngineArgs, secret: bytes, dist_port: int, control_port: int) -> list[subprocess.Popen]:
+    """Starts this node's workers, ranks node_rank * per_node ... + per_node - 1, each a fresh
+    interpreter running this module (not a fork, and not multiprocessing's spawn, which would run
+    the user's script again in each), its settings on stdin (the secret stays out of `ps`)."""
     per_node = args.tensor_parallel_size // args.nnodes
-    ctx = mp.get_context("spawn")
     procs = []
     for local_rank in range(per_node):
         rank = args.node_rank * per_node + local_rank
-        p = ctx.Process(target=run_worker, name=f"hotpath-worker-{rank}",
-                        args=(asdict(args), rank, local_rank, dist_port, control_port, secret.hex()))
-        p.start()
+        env = dict(os.environ, **({} if rank == 0 else {"TQDM_DISABLE": "1"}))  # one rank's progress bars
+        p = subprocess.Popen([sys.executable, "-m", "hotpath.executor.multiproc"], stdin=subprocess.PIPE, env=env)
+        p.name = f"worker rank {rank}"
+        setup = dict(args=asdict(args), rank=rank, local_rank=local_rank, dist_port=dist_port,
+                     control_port=control_port, secret=secret.hex())
+        p.stdin.write(json.dumps(setup).encode())
+        p.stdin.close()
         procs.append(p)
     return procs
 
@@ -115,8 +122,7 @@ class MultiprocExecutor:
                 continue
             sock.settimeout(None)
             self.channels[rank] = chan
-        replies = [self._wait(rank, deadline) for rank in range(self.size)]
-        return WorkerInfo(**replies[0]["ready"])
+        return WorkerInfo(**self._gather(range(self.size), deadline)[0]["ready"])
 
     # ---- the executor's calls -----------------------------------------------------------
     def launch(self, plan: StepPlan) -> int:
@@ -126,11 +132,11 @@ class MultiprocExecutor:
 
     def collect(self, step_id: int, gone: list[int]) -> dict[int, list[SampledToken]]:
         self._broadcast({"op": "collect", "step": step_id, "gone": gone})
-        return tokens_from_wire(self._wait(0)["tokens"])
+        return tokens_from_wire(self._gather([0])[0]["tokens"])
 
     def propose(self, plan: StepPlan) -> dict[int, tuple[list[int], int]]:
         self._broadcast({"op": "propose", "plan": to_wire(plan)})
-        return {int(k): (v[0], v[1]) for k, v in self._wait(0)["drafts"].items()}
+        return {int(k): (v[0], v[1]) for k, v in self._gather([0])[0]["drafts"].items()}
 
     def shutdown(self) -> None:
         """Asks every worker to stop, then makes sure each process is gone."""
@@ -145,11 +151,11 @@ class MultiprocExecutor:
                     pass
         deadline = time.monotonic() + 5.0
         for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 p.kill()
-                p.join(5.0)
+                p.wait(5.0)
         for chan in self.channels:
             if chan is not None:
                 chan.close()
@@ -167,9 +173,10 @@ class MultiprocExecutor:
             except OSError as e:
                 self._fail(f"worker rank {rank} is gone ({e})")
 
-    def _wait(self, rank: int, deadline: float | None = None) -> dict[str, Any]:
-        """Rank's next message, watching every other rank for an error or an end while waiting."""
-        while True:
+    def _gather(self, ranks, deadline: float | None = None) -> dict[int, dict[str, Any]]:
+        """The next message of each of `ranks`, watching every rank for an error or an end meanwhile."""
+        waiting, got = set(ranks), {}
+        while waiting:
             ready, _, _ = select.select([c for c in self.channels if c is not None], [], [], POLL_S)
             for chan in ready:
                 r = self.channels.index(chan)
@@ -179,25 +186,29 @@ class MultiprocExecutor:
                     self._fail(f"worker rank {r} stopped: {self._exit(r) or e}")
                 if "error" in message:
                     self._fail(f"worker rank {r} failed:\n{message['error']}")
-                if r == rank:
-                    return message
-                self._fail(f"worker rank {r} sent {sorted(message)} unasked")
+                if r not in waiting:
+                    self._fail(f"worker rank {r} sent {sorted(message)} unasked")
+                waiting.discard(r)
+                got[r] = message
             self._check_processes()
             if deadline is not None and time.monotonic() > deadline:
-                self._fail(f"worker rank {rank} did not answer within {START_TIMEOUT_S:.0f} s")
+                self._fail(f"worker ranks {sorted(waiting)} did not answer within {START_TIMEOUT_S:.0f} s")
+        return got
 
     def _check_processes(self) -> None:
         for p in self.procs:
-            if not p.is_alive():
-                self._fail(f"worker process {p.name} died ({_exit_description(p.exitcode)})")
+            if p.poll() is not None:
+                self._fail(f"{p.name} died ({_exit_description(p.returncode)})")
 
     def _exit(self, rank: int) -> str | None:
         per_node = len(self.procs)
         p = self.procs[rank] if rank < per_node else None
         if p is None:
             return None
-        p.join(1.0)
-        return None if p.exitcode is None else f"its process {_exit_description(p.exitcode)}"
+        try:
+            return f"its process {_exit_description(p.wait(1.0))}"
+        except subprocess.TimeoutExpired:
+            return None
 
     def _fail(self, reason: str) -> None:
         self._dead = True
@@ -213,7 +224,7 @@ def _exit_description(code: int | None) -> str:
 
 # ---- the worker process -------------------------------------------------------------------------
 def run_worker(args: dict[str, Any], rank: int, local_rank: int, dist_port: int, control_port: int,
-               secret_hex: str) -> None:
+               secret: str) -> None:
     """A worker process: joins the job, builds its rank's shard, then runs what the engine sends
     until it says stop or goes away."""
     import torch
@@ -225,7 +236,7 @@ def run_worker(args: dict[str, Any], rank: int, local_rank: int, dist_port: int,
     engine_args = EngineArgs(**args)
     host = engine_args.master_addr
     try:
-        chan = connect(host, control_port, bytes.fromhex(secret_hex), timeout=60.0)
+        chan = connect(host, control_port, bytes.fromhex(secret), timeout=60.0)
     except OSError:
         return  # the engine is gone
     chan.send({"rank": rank})
@@ -273,3 +284,7 @@ def _serve(worker, chan: Channel, rank: int) -> None:
             return
         else:
             raise ValueError(f"unknown op {op!r}")
+
+
+if __name__ == "__main__":
+    run_worker(**json.loads(sys.stdin.read()))
