@@ -39,7 +39,7 @@ def run_ranks(fn, world, capacity):
 
 
 # 33 rows: more than the 32 programs a launch has at most, so two programs take two rows each
-CASES = [(w, t, h) for w in (2, 4, 8) for t, h in ((1, 64), (5, 96))] + [(2, 33, 200), (8, 33, 200)]
+CASES = [(w, t, h) for w in (2, 4, 8) for t, h in ((1, 64), (5, 96))] + [(2, 33, 200), (4, 33, 200)]
 
 
 @pytest.mark.parametrize("world,tokens,hidden", CASES)
@@ -63,7 +63,7 @@ def test_add_rms_norm(world, tokens, hidden, interpreter, poisoned):
     assert rel_err(got[0][0], ref[0][0]) < 1e-5 and torch.equal(got[0][1], ref[0][1])
 
 
-@pytest.mark.parametrize("world", [2, 8])
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.filterwarnings("ignore:All-NaN slice")
 def test_add_rms_norm_fp8(world, interpreter, poisoned):
     from hotpath.ops.allreduce import triton as kernels
