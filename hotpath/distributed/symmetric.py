@@ -52,7 +52,10 @@ def allocate_peer_buffers(
         buffer_ptrs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)  # [world]
         signal_ptrs = torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=device)  # [world]
         views = tuple(handle.get_buffer(p, (capacity,), torch.uint8) for p in range(world))
-        handle.barrier()  # every rank mapped and zeroed before any kernel signals
+        # every rank's pad zeroed and mapped before any kernel signals; a host barrier, not
+        # handle.barrier(), which would use (and could leave flags in) the pad the kernel owns
+        torch.cuda.synchronize(device)
+        dist.barrier(group=group)
     except Exception as e:  # noqa: BLE001 - any failure means NCCL only, not a failed start
         log.warning("no symmetric-memory buffers for the one-shot all-reduce (%s: %s); "
                     "all-reduces take NCCL", type(e).__name__, e)
