@@ -40,7 +40,8 @@ LOCAL, TORCH, ONE_SHOT, NCCL = "local", "torch", "one_shot", "nccl"  # GroupCoor
 class GroupCoordinator:
     """One rank's view of a group of ranks: its index and size, and the collectives over it.
     `group` is None for the single-rank group (every collective is the identity). `peers`: the
-    group's symmetric-memory buffers for the one-shot all-reduce (GPU groups), if it has them."""
+    group's symmetric-memory buffers for the one-shot all-reduce (GPU groups), if it has them;
+    messages of at most `one_shot_max_bytes` that fit them take it (see the module docstring)."""
 
     def __init__(
         self,
@@ -98,7 +99,7 @@ class GroupCoordinator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(sum_ranks(x) + residual) * weight, sum_ranks(x) + residual): a row-parallel
         layer's partial output reduced, added into the residual stream and normalised for the next
-        sublayer."""
+        sublayer. x is consumed: the NCCL and gloo paths reduce into it in place."""
         from hotpath.ops.norm import fused_add_rms_norm
 
         path = self.path(x, fused_norm=True)
