@@ -36,12 +36,15 @@ ModelRunner._draft_state_slots).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
 
+from hotpath.distributed.parallel_state import current_parallel
 from hotpath.layers.cache import StateCacheSpec
-from hotpath.layers.linear import Linear
+from hotpath.layers.linear import Linear, WeightLoaders
+from hotpath.layers.quant.base import copy_checked
 from hotpath.ops.gated_delta import (
     causal_conv1d_varlen,
     decode_step,
@@ -98,24 +101,47 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"unknown Gated DeltaNet checkpoint layout {layout!r}")
         if num_v_heads % num_k_heads:
             raise ValueError(f"{num_v_heads} value heads do not share {num_k_heads} key heads evenly")
-        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        tp = current_parallel().tp
+        if num_k_heads % tp.size:
+            raise ValueError(f"tensor parallelism over {tp.size} ranks must divide the Gated DeltaNet's "
+                             f"{num_k_heads} key heads (each rank holds whole key heads and the value "
+                             f"heads they serve)")
+        # this rank's heads (all of them at tp = 1): key heads k0.., value heads v0..
+        nk, nv = num_k_heads // tp.size, num_v_heads // tp.size
+        k0, v0 = tp.rank * nk, tp.rank * nv
+        self.num_k_heads, self.num_v_heads = nk, nv
         self.k_head_dim, self.v_head_dim = k_head_dim, v_head_dim
-        self.key_dim, self.value_dim = num_k_heads * k_head_dim, num_v_heads * v_head_dim
+        self.key_dim, self.value_dim = nk * k_head_dim, nv * v_head_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_width = conv_width
         self.layout = layout
+        full_key, full_value = num_k_heads * k_head_dim, num_v_heads * v_head_dim
+        split = tp.size > 1
         if layout == "qwen3_next":
-            self.in_proj_qkvz = Linear(hidden_size, [2 * self.key_dim + 2 * self.value_dim])
-            self.in_proj_ba = Linear(hidden_size, [2 * num_v_heads])
+            # grouped by key head, so a rank's key heads are one run of each tensor
+            group = 2 * k_head_dim + 2 * (num_v_heads // num_k_heads) * v_head_dim
+            ba_group = 2 * (num_v_heads // num_k_heads)
+            self.in_proj_qkvz = Linear(hidden_size, [num_k_heads * group], parallel="column",
+                                       shard_ranges=[(k0 * group, nk * group)] if split else None)
+            self.in_proj_ba = Linear(hidden_size, [num_k_heads * ba_group], parallel="column",
+                                     shard_ranges=[(k0 * ba_group, nk * ba_group)] if split else None)
         else:
-            self.in_proj = Linear(hidden_size, [self.conv_dim, self.value_dim, num_v_heads, num_v_heads],
-                                  checkpoint_names=["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"])
-        self.conv1d = nn.Module()
-        self.conv1d.weight = nn.Parameter(torch.empty(self.conv_dim, 1, conv_width), requires_grad=False)
-        self.dt_bias = nn.Parameter(torch.empty(num_v_heads), requires_grad=False)
-        self.A_log = nn.Parameter(torch.empty(num_v_heads), requires_grad=False)
-        self.norm = GatedRMSNorm(v_head_dim, eps)
-        self.out_proj = Linear(self.value_dim, [hidden_size])
+            # in_proj_qkv is [q (every key head) | k | v]: three stacked parts, a rank's run of each
+            self.in_proj = JointLinear(
+                hidden_size, [full_key, full_key, full_value, full_value, num_v_heads, num_v_heads],
+                checkpoint_names=["in_proj_qkv"] * 3 + ["in_proj_z", "in_proj_b", "in_proj_a"],
+                shard_ranges=[(k0 * k_head_dim, self.key_dim)] * 2 + [(v0 * v_head_dim, self.value_dim)] * 2
+                + [(v0, nv)] * 2 if split else None)
+        # the conv's channels are [q | k | v] of every head: the rank's run of each
+        channels = torch.cat([torch.arange(k0 * k_head_dim, (k0 + nk) * k_head_dim) + offset
+                              for offset in (0, full_key)]
+                             + [torch.arange(v0 * v_head_dim, (v0 + nv) * v_head_dim) + 2 * full_key])
+        self.conv1d = RankRows(torch.empty(self.conv_dim, 1, conv_width), channels if split else None)
+        self.dt_bias = nn.Parameter(torch.empty(nv), requires_grad=False)  # [Hv] the rank's heads'
+        self.A_log = nn.Parameter(torch.empty(nv), requires_grad=False)
+        self.value_heads = torch.arange(v0, v0 + nv) if split else None
+        self.norm = GatedRMSNorm(v_head_dim, eps)  # per head: the same weight on every rank
+        self.out_proj = Linear(full_value, [hidden_size], parallel="row")  # tp > 1: a partial sum
         # (conv states [slots, conv_dim, conv_width - 1], recurrent states [slots, Hv, Dk, Dv] fp32),
         # and the same for the snapshots prefix caching keeps
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -123,7 +149,13 @@ class GatedDeltaNet(nn.Module):
         # the last forward's verify rows, kept until the runner rolls them back (speculation)
         self.verify: VerifyRecord | None = None
 
+    def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
+        """Its own parameters (the layers inside name theirs): the rank's value heads' gates."""
+        return {f"{prefix}.{name}": partial(load_rows, getattr(self, name).data, self.value_heads)
+                for name in ("dt_bias", "A_log")}
+
     def cache_spec(self) -> StateCacheSpec:
+        """This rank's heads' states (the runner allocates each rank its share)."""
         return StateCacheSpec(self.conv_dim, self.conv_width, self.num_v_heads, self.k_head_dim,
                               self.v_head_dim)
 
@@ -185,12 +217,14 @@ class GatedDeltaNet(nn.Module):
                          torch.tensor(cu, dtype=torch.int32).to(device, non_blocking=True), states, slots)
 
     def fuses(self, x: torch.Tensor) -> bool:
+        # under tp > 1 out_proj is row-parallel and does not fuse (its sum must be reduced first)
         return all(proj.fuses(x) for proj in self._projections()) and self.out_proj.fuses(x)
 
     def _projections(self) -> list[Linear]:
         return [self.in_proj] if self.layout == "qwen3_5" else [self.in_proj_qkvz, self.in_proj_ba]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden]; under tp > 1 this rank's partial sum (the decoder reduces)."""
         return self.out_proj(self._mix(*self._project(x), batch))
 
     def forward_few_rows(
@@ -293,6 +327,65 @@ class GatedDeltaNet(nn.Module):
             snapshot_states[saves[i][1]] = states[slots[i]]
         _rule_over([range(cu[i] + cut, cu[i + 1]) for i, cut in enumerate(cuts)], *rule)
         return out
+
+
+class RankRows(nn.Module):
+    """`weight`: this rank's rows of its checkpoint tensor (the conv's channels), `rows` [n]
+    their indices in it (None: all of it)."""
+
+    def __init__(self, data: torch.Tensor, rows: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(data, requires_grad=False)
+        self.rows = rows
+
+    def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
+        return {f"{prefix}.weight": partial(load_rows, self.weight.data, self.rows)}
+
+
+def load_rows(target: torch.Tensor, rows: torch.Tensor | None, loaded: torch.Tensor) -> None:
+    """target := loaded's rows `rows` (all of them for None)."""
+    if rows is not None:
+        loaded = loaded.index_select(0, rows.to(loaded.device))
+    copy_checked(target, loaded)
+
+
+class JointLinear(Linear):
+    """A column-parallel Linear some of whose stacked projections are one checkpoint tensor
+    (repeated names in `checkpoint_names`, consecutive): Qwen3.5's in_proj_qkv, whose q, k and v
+    parts each split over the ranks (a rank's q heads, its k heads, its v heads). The tensor is
+    cut into its parts (whole along the output axis) and each loads as its own projection."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], checkpoint_names: list[str],
+                 shard_ranges: list[tuple[int, int]] | None) -> None:
+        super().__init__(in_features, output_sizes, checkpoint_names=checkpoint_names, parallel="column",
+                         shard_ranges=shard_ranges)
+
+    def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
+        parent = prefix.rpartition(".")[0]
+        loaders: WeightLoaders = {}
+        for param_name, param in self.named_parameters(recurse=False):
+            if not getattr(param, "from_checkpoint", True):
+                continue
+            for ckpt in dict.fromkeys(self.checkpoint_names):
+                shards = [i for i, name in enumerate(self.checkpoint_names) if name == ckpt]
+                loaders[f"{parent}.{ckpt}.{param_name}"] = partial(self._load_parts, param, shards)
+        return loaders
+
+    def _load_parts(self, param: nn.Parameter, shards: list[int], loaded: torch.Tensor) -> None:
+        output_dim = getattr(param, "output_dim", 0)
+        if len(shards) == 1 or output_dim is None:
+            for shard in shards:
+                self.weight_loader(param, shard, loaded)
+            return
+        pack = getattr(param, "checkpoint_pack", getattr(param, "pack_factor", 1))
+        start = 0
+        for shard in shards:
+            size = self.full_output_sizes[shard]
+            if start % pack or size % pack:
+                raise ValueError(f"parts {[self.full_output_sizes[i] for i in shards]} do not fall on "
+                                 f"whole elements of {pack} output features")
+            self.weight_loader(param, shard, loaded.narrow(output_dim, start // pack, size // pack))
+            start += size
 
 
 def _rule_over(ranges: list[range], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
