@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from hotpath.runner import rejection
+from hotpath.speculative import rejection
 from hotpath.speculative.rejection import VerifyOutput, verify_drafts
 from hotpath.runner.sampler import Sampler
 from hotpath.sampling_params import SamplingParams
