@@ -177,6 +177,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     )
 
 
+def cmd_worker(ns: argparse.Namespace) -> int:
+    from hotpath.executor.multiproc import run_node
+
+    return run_node(EngineArgs.from_cli_args(ns))
+
+
 def cmd_bench_serve(ns: argparse.Namespace) -> int:
     import datetime
     import shlex
@@ -324,6 +330,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="uvicorn's own log level (default warning)")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=cmd_serve)
+
+    p = _add_command(sub, "worker", "run this node's tensor-parallel workers for an engine on node 0",
+                     "Starts the workers of --node-rank (1 or more) of a job spanning --nnodes nodes: "
+                     "they join node 0's engine (started with the same engine flags and --node-rank 0) "
+                     "at --master-addr / --master-port, presenting the secret in HOTPATH_CLUSTER_SECRET, "
+                     "and run until that engine stops.")
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=cmd_worker)
 
     p = _add_command(sub, "bench", "benchmarks: latency (of one batch), throughput (of a request "
                                    "mix, offline), both on a CUDA GPU; serve (load on a running server)")

@@ -15,3 +15,11 @@ class EagerReplay:
 def eager_capture(forward):
     graph = EagerReplay(forward)
     return graph, graph.logits
+
+
+def capture_eager_graphs(llm) -> None:
+    """Captures an in-process engine's decode (and speculative) graphs with the stand-in, and
+    tells the engine which batch sizes its runner now replays."""
+    executor = llm.engine.executor
+    executor.runner._capture_decode_graphs(capture=eager_capture)
+    executor.info = executor.worker.info()

@@ -51,7 +51,8 @@ class Channel:
         self.side = side
         self.sent = 0
         self.received = 0
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small frames go at once
 
     def _mac(self, direction: str, number: int, payload: bytes) -> bytes:
         return hmac.new(self.secret, f"{direction}:{number}:".encode() + payload, hashlib.sha256).digest()

@@ -122,6 +122,7 @@ class MultiprocExecutor:
                 continue
             sock.settimeout(None)
             self.channels[rank] = chan
+        self._listener.close()  # every rank is here: nobody else may connect
         return WorkerInfo(**self._gather(range(self.size), deadline)[0]["ready"])
 
     # ---- the executor's calls -----------------------------------------------------------
@@ -220,6 +221,21 @@ def _exit_description(code: int | None) -> str:
     if code is None:
         return "still running"
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def run_node(args: EngineArgs) -> int:
+    """`hotpath worker`: this node's workers of a job whose engine runs on node 0; returns when
+    they stop (the engine shut down or went away), 1 if one failed."""
+    from hotpath.resolve import resolve
+
+    if args.nnodes < 2 or args.node_rank == 0:
+        raise ValueError("hotpath worker runs the workers of node 1 or more (--nnodes > 1, --node-rank >= 1); "
+                         "node 0 runs the engine itself")
+    resolve(args)  # the same checks, and errors, as the engine's
+    dist_port, control_port = ports(args)
+    procs = spawn_workers(args, job_secret(args.nnodes), dist_port, control_port)
+    codes = [p.wait() for p in procs]
+    return 1 if any(codes) else 0
 
 
 # ---- the worker process -------------------------------------------------------------------------

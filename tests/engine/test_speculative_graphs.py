@@ -6,7 +6,7 @@ greedy output equals the plain engine's, token for token, with the graphs checke
 and the drafts are the eager drafter's."""
 
 import pytest
-from eager_graphs import eager_capture
+from eager_graphs import capture_eager_graphs
 from test_speculative import drafters, make_setup
 
 from hotpath import LLM, SamplingParams
@@ -25,7 +25,7 @@ def generate(path, prompts, params, graphs: bool, **kwargs):
               max_num_seqs=8, **kwargs)
     runner = llm.engine.executor.runner
     if graphs:
-        runner._capture_decode_graphs(capture=eager_capture)
+        capture_eager_graphs(llm)
     replays = []  # (draft model?, q, rows' token counts) of each replay
 
     def recorded(run, key):
@@ -86,7 +86,7 @@ def test_draft_model_catches_up_in_graphs_after_plain_steps(setup, plain):
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               max_num_seqs=8, speculative_config=spec)
     engine = llm.engine
-    engine.executor.runner._capture_decode_graphs(capture=eager_capture)
+    capture_eager_graphs(llm)
     turn = iter(range(10**6))
     engine.speculation.policy.choose = lambda seqs, prefilling=False, behind=0: spec["num_speculative_tokens"] if next(turn) % 4 == 3 else 0
     eager, behind = [], []

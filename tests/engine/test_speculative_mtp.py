@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_speculative_hybrid import sharpened
-from eager_graphs import eager_capture
+from eager_graphs import capture_eager_graphs
 from mtp_reference import hf_reference, mtp_tensors
 from tiny_models import make_tiny_model
 
@@ -86,7 +86,7 @@ def test_decode_graphs_leave_the_hidden_states(setup):
     want = drafts_proposed(eager, prompts[:3], PARAMS)
     llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
               speculative_config=MTP, max_num_seqs=4)
-    llm.engine.executor.runner._capture_decode_graphs(capture=eager_capture)
+    capture_eager_graphs(llm)
     replays = []
 
     def recorded(replay, size):

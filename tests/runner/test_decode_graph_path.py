@@ -9,7 +9,7 @@ from hotpath import LLM, SamplingParams
 from hotpath.runner import model_runner, row_graphs
 from hotpath.runner.decode_inputs import OUT_SLOTS
 
-from eager_graphs import eager_capture  # tests/, on sys.path through conftest.py
+from eager_graphs import capture_eager_graphs  # tests/, on sys.path through conftest.py
 from output_diff import first_difference
 
 MODEL = "qwen3-gqa8-untied-hd"
@@ -19,7 +19,7 @@ def make_llm(path, graphs: bool, **kwargs) -> LLM:
     kwargs = {"max_num_seqs": 8, **kwargs}
     llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", max_model_len=256, **kwargs)
     if graphs:
-        llm.engine.executor.runner._capture_decode_graphs(capture=eager_capture)
+        capture_eager_graphs(llm)
     return llm
 
 
