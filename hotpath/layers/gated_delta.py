@@ -154,6 +154,10 @@ class GatedDeltaNet(nn.Module):
         return {f"{prefix}.{name}": partial(load_rows, getattr(self, name).data, self.value_heads)
                 for name in ("dt_bias", "A_log")}
 
+    def load_unsharded(self, param_name: str, full: torch.Tensor) -> None:
+        """Its own parameters from the one-rank layer's (dummy weights, loader/dummy.py)."""
+        load_rows(getattr(self, param_name).data, self.value_heads, full)
+
     def cache_spec(self) -> StateCacheSpec:
         """This rank's heads' states (the runner allocates each rank its share)."""
         return StateCacheSpec(self.conv_dim, self.conv_width, self.num_v_heads, self.k_head_dim,
@@ -340,6 +344,9 @@ class RankRows(nn.Module):
 
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
         return {f"{prefix}.weight": partial(load_rows, self.weight.data, self.rows)}
+
+    def load_unsharded(self, param_name: str, full: torch.Tensor) -> None:
+        load_rows(self.weight.data, self.rows, full)
 
 
 def load_rows(target: torch.Tensor, rows: torch.Tensor | None, loaded: torch.Tensor) -> None:

@@ -13,7 +13,14 @@ import torch.nn as nn
 from hotpath.layers.linear import Linear, WeightLoaders
 from hotpath.layers.quant.base import QuantConfig, copy_checked, current_quant_config
 from hotpath.distributed.parallel_state import Parallel, current_parallel, shard_range
-from hotpath.layers.quant.experts import ExpertShard, fp8_experts, fp8_loaders, int4_experts, int4_loaders
+from hotpath.layers.quant.experts import (
+    ExpertShard,
+    fp8_experts,
+    fp8_loaders,
+    int4_experts,
+    int4_loaders,
+    rank_part,
+)
 from hotpath.layers.mlp import GatedMLP
 from hotpath.ops.moe import FEW_TOKENS, add_into_residual, fused_moe, route
 from hotpath.ops.quant import fp8_dtype
@@ -174,6 +181,24 @@ class FusedExperts(nn.Module):
         if self.fp8 is not None and self.fp8.scale_name is not None:
             return ("weight", self.fp8.scale_name)
         return ("weight",)
+
+    def load_unsharded(self, param_name: str, full: torch.Tensor) -> None:
+        """Fills parameter `param_name` from its value in the same layer built on one rank
+        (`full`): dummy weights, the same model at every tp size (loader/dummy.py)."""
+        target = getattr(self, param_name).data
+        full = full.narrow(0, self.expert_start, self.local_experts)
+        if self.local_width == self.intermediate_size:
+            copy_checked(target, full)
+            return
+        name, _, suffix = param_name.partition("_")
+        kind = {"": "weight", "scale": "scale", "scales": "scales", "zeros": "zeros"}[suffix]
+        shard = self._shard("gate_proj" if name == "w13" else "down_proj")
+        halves = 2 if name == "w13" else 1
+        rows, cols = (self.local_width, self.hidden_size) if name == "w13" else (self.hidden_size, self.local_width)
+        group = None if self.int4 is None else self.int4.group_size
+        for e in range(self.local_experts):
+            for mine, whole in zip(target[e].chunk(halves), full[e].chunk(halves)):
+                copy_checked(mine, rank_part(kind, whole, shard, self.fp8, group, rows, cols))
 
     def weight_loader(self, expert: int, proj: str, loaded: torch.Tensor) -> None:
         """Copies one expert projection's 16-bit weight (the rank's part) into its slice."""

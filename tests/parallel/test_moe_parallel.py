@@ -17,6 +17,7 @@ from hotpath.layers.quant.awq import AwqConfig
 from hotpath.layers.quant.base import QuantConfig, building_with
 from hotpath.layers.quant.fp8_block import Fp8BlockConfig
 from hotpath.layers.quant.fp8_channel import Fp8ChannelConfig
+from hotpath.loader.dummy import init_dummy_weights
 from hotpath.ops.moe import route
 from hotpath.quantizer.formats import awq_tensors, fp8_block_tensors, fp8_channel_tensors
 from spawn import run_cases
@@ -115,6 +116,22 @@ def ep_case(fmt: str):
     return lambda tp: experts_case(tp, fmt, True, 7, *SHAPES[fmt][1:])
 
 
+def dummy_case(tp: GroupCoordinator, fmt: str, expert_parallel: bool) -> None:
+    """Dummy weights under tp / ep are the one-rank layer's, each rank its part (load_unsharded)."""
+    E, H, I = SHAPES[fmt]
+    layers = []
+    for parallel in (SINGLE, Parallel(tp, expert_parallel)):
+        with building_parallel(parallel), building_with(quant_config(fmt)):
+            layers.append(FusedExperts(E, H, I))
+    one, mine = layers
+    init_dummy_weights(one, std=0.1)
+    init_dummy_weights(mine, std=0.1, unsharded=one)
+    x, weights, ids = routed(E, H, 3, seed=9)
+    want = one(x, weights, ids)  # random int4 words make outputs of hundreds: fp32 order's error
+    got = tp.all_reduce(mine(x, weights, ids))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
 def fp8_block_rank_blocks_case(tp: GroupCoordinator) -> None:
     """The rank's scales are in blocks dividing its width (64 at 192 a rank, 32 at 96)."""
     with building_parallel(Parallel(tp)), building_with(Fp8BlockConfig()):
@@ -163,6 +180,9 @@ for size in (2, 4):
     for fmt in FORMATS:
         CASES[f"experts-tp-{fmt}-{size}"] = (f"tp_{fmt}", size)
         CASES[f"experts-ep-{fmt}-{size}"] = (f"ep_{fmt}", size)
+    for fmt in ("fp8_block", "awq"):
+        CASES[f"dummy-tp-{fmt}-{size}"] = (f"dummy_tp_{fmt}", size)
+        CASES[f"dummy-ep-{fmt}-{size}"] = (f"dummy_ep_{fmt}", size)
     CASES[f"fp8-block-rank-blocks-tp{size}"] = ("fp8_block_rank_blocks_case", size)
     CASES[f"refusals-{size}"] = ("refusals_case", size)
     CASES[f"shared-expert-block-tp{size}"] = ("block_tp", size)
@@ -170,6 +190,8 @@ for size in (2, 4):
 for fmt in FORMATS:  # module-level names the spawned processes import
     globals()[f"tp_{fmt}"] = tp_case(fmt)
     globals()[f"ep_{fmt}"] = ep_case(fmt)
+    globals()[f"dummy_tp_{fmt}"] = lambda tp, fmt=fmt: dummy_case(tp, fmt, False)
+    globals()[f"dummy_ep_{fmt}"] = lambda tp, fmt=fmt: dummy_case(tp, fmt, True)
 block_tp = lambda tp: block_case(tp, False)  # noqa: E731
 block_ep = lambda tp: block_case(tp, True)  # noqa: E731
 

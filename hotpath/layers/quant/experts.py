@@ -206,6 +206,26 @@ def _collect_int4(config: Int4Config, pending: dict[str, torch.Tensor], suffix: 
             copy_checked(target, loaded)
 
 
+def rank_part(kind: str, full: torch.Tensor, shard: ExpertShard, fmt: Fp8Experts | None,
+              group_size: int | None, rows: int, cols: int) -> torch.Tensor:
+    """This rank's part of one expert projection's parameter as the one-rank layer holds it
+    (dummy weights: every tp size the same model): `kind` "weight" (16-bit, fp8, or int4 words
+    when group_size is given), "scale" (fp8), "scales" / "zeros" (int4); rows x cols the rank's
+    projection."""
+    if kind == "weight" and group_size is not None and shard.dim == 1:
+        K = 8 * full.shape[1]
+        G = K if group_size == -1 else group_size
+        q = shard.narrow(unpack_int4_layout(full, G))
+        return pack_int4_layout(q, shard.size if group_size == -1 else G)
+    if kind == "weight" or (shard.dim == 0 and (kind != "scale" or fmt.block_size is None)):
+        return shard.narrow(full)
+    if kind == "scale":  # fp8: block scales re-blocked; a channel scale is its output row's
+        return full if fmt.block_size is None else _rank_block_scale(full, fmt, shard, rows, cols)
+    if group_size == -1:  # int4 scales / zeros of the input columns: whole groups
+        return full
+    return ExpertShard(1, shard.start // group_size, shard.size // group_size).narrow(full)
+
+
 def _int4_shard(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor, shard: ExpertShard,
                 group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A rank's part of one converted projection (the int4 layout, whole): its output rows, or
