@@ -135,6 +135,9 @@ def _check_parallel(args: EngineArgs, device: torch.device) -> str:
         if local > count:
             raise ValueError(f"tensor_parallel_size {tp} puts {local} ranks on this node, which has "
                              f"{count} GPU{'s' if count != 1 else ''}")
+    if args.data_parallel_size > 1:
+        raise ValueError("data_parallel_size is for hotpath serve (replicas behind one server); "
+                         "offline, run one LLM per replica")
     if args.enable_expert_parallel and tp == 1:
         raise ValueError("enable_expert_parallel splits experts across tensor-parallel ranks: "
                          "set tensor_parallel_size > 1")

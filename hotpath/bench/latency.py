@@ -93,7 +93,7 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
     # every request emits output_len tokens; a step may emit several (speculative decoding)
     tpot = sum(steps) / (ns.output_len - 1) if steps else float("nan")
     per_step = (ns.output_len - 1) / len(steps) if steps else float("nan")
-    model = engine.executor.runner.model
+    model = roofline.engine_model(engine)
     mean_ctx = ns.input_len + ns.output_len / 2
     extra = {}
     if engine.spec_config is not None:
@@ -101,7 +101,7 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
             (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens), before))
         # rows: a sequence's drafts verified in one step (a step of batch B verifies up to B)
         extra = {"spec_verify_rows": rows, "spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
-                 "spec_step_time_s": {f"bs{b}-k{k}": t for (b, k), t in sorted(engine.spec_policy.step_time.items())}}
+                 "spec_step_time_s": {f"bs{b}-k{k}": t for (b, k), t in sorted(engine.speculation.policy.step_time.items())}}
     return {
         "batch_size": batch_size,
         "ttft_s": ttft,
@@ -113,10 +113,10 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
         "weight_bytes_per_step": roofline.decode_weight_bytes(model, cfg, batch_size),
         # the KV cache read, and a hybrid's linear-attention state read and written
         "kv_bytes_per_step": int(batch_size * mean_ctx
-                                 * roofline.kv_bytes_per_token(cfg, engine.executor.runner.kv_cache_dtype))
+                                 * roofline.kv_bytes_per_token(cfg, getattr(torch, engine.executor.info.kv_cache_dtype)))
         + 2 * batch_size * roofline.state_bytes_per_sequence(cfg, engine.dtype),
         "prefill_flops": roofline.prefill_flops(cfg, roofline.active_params(model, cfg), ns.input_len) * batch_size,
-        "kv_cache_tokens": engine.executor.runner.num_blocks * engine.config.block_size,
+        "kv_cache_tokens": engine.executor.info.num_blocks * engine.config.block_size,
         "max_model_len": engine.config.max_model_len,
     }
 

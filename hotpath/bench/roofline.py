@@ -105,3 +105,21 @@ def prefill_flops(cfg: ModelConfig, active_params: int, prompt_len: int) -> floa
     attn = 2 * 2 * attn_layers * cfg.num_attention_heads * cfg.head_dim * prompt_len**2 / 2
     delta = len(lin.layers) * lin.num_v_heads * 6 * lin.k_head_dim * lin.v_head_dim * prompt_len if lin else 0
     return 2 * active_params * prompt_len + attn + delta
+
+
+def engine_model(engine) -> nn.Module:
+    """The engine's model (its parameters' bytes and counts), or where it lives in worker
+    processes the same model built on the meta device."""
+    runner = getattr(engine.executor, "runner", None)
+    if runner is not None:
+        return runner.model
+    from hotpath.layers.quant.base import building_with
+    from hotpath.models.registry import get_model_class
+
+    cfg, old = engine.model_config, torch.get_default_dtype()
+    torch.set_default_dtype(engine.dtype)
+    try:
+        with torch.device("meta"), building_with(cfg.quantization):
+            return get_model_class(cfg.architecture)(cfg, engine.config.max_model_len)
+    finally:
+        torch.set_default_dtype(old)

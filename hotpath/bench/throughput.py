@@ -65,7 +65,7 @@ class StepKinds:
         def counting_launch(scheduled, prev=None):
             decodes = sum(1 for seq, n in scheduled if n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens)
             if decodes == len(scheduled):
-                kind = "decode_graph" if runner.uses_graph(scheduled) else "decode_eager"
+                kind = "decode_graph" if runner._graph_size(scheduled) else "decode_eager"
             else:
                 kind = "mixed" if decodes else "prefill"
             self.counts[kind] += 1
@@ -151,11 +151,11 @@ def main(ns: argparse.Namespace) -> int:
         dec = decode_rate(llm, n, round(mean_in), round(mean_out), cfg.vocab_size)
         w = res["workload"]
         phases_s = w["prompt_tokens"] / prefill_tok_s + w["output_tokens"] / dec["tok_s"]
-        model_ = engine.executor.runner.model
+        model_ = roofline.engine_model(engine)
         bandwidth = roofline.measure_bandwidth(torch.device("cuda"))
         step_bytes = (roofline.decode_weight_bytes(model_, cfg, n)
                       + n * (mean_in + mean_out / 2)
-                      * roofline.kv_bytes_per_token(cfg, engine.executor.runner.kv_cache_dtype))
+                      * roofline.kv_bytes_per_token(cfg, getattr(torch, engine.executor.info.kv_cache_dtype)))
         res.update(prefill_tok_s=prefill_tok_s, decode=dec, sum_of_phases_s=phases_s,
                    workload_over_phases=w["elapsed_s"] / phases_s, bandwidth_Bps=bandwidth,
                    decode_roofline_step_s=step_bytes / bandwidth,
