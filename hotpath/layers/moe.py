@@ -1,7 +1,11 @@
 """The sparse MoE block of Qwen2-MoE / Qwen3-MoE (and, with its shared expert, of Qwen3-Next and
 Qwen3.5): a router picks top_k of num_experts gated MLPs per token; their outputs, weighted by the
 routing probabilities, are summed. The experts' weights are stacked into two contiguous tensors at
-load time, so that the fused kernels (hotpath/ops/moe) read any expert by index."""
+load time, so that the fused kernels (hotpath/ops/moe) read any expert by index.
+
+Under tensor parallelism each rank holds every expert's share of the width or, with expert
+parallelism, whole experts (`FusedExperts._split`); the router is replicated, so every rank routes
+every token alike, and the block returns the rank's partial sum for the decoder's all-reduce."""
 
 from __future__ import annotations
 
@@ -40,7 +44,10 @@ class FusedExperts(nn.Module):
     ops/quant's int4 layout, per expert and projection: w13 [E, 2 * I, H / 8], w2 [E, H, I / 8],
     with scales in the model dtype w13_scales [E, 2 * I, H / G], w2_scales [E, H, I / G] and
     uint8 zero points w13_zeros / w2_zeros of the same shapes (G the format's group size, or
-    each projection's whole input for -1), which the fused MoE kernels read as they are."""
+    each projection's whole input for -1), which the fused MoE kernels read as they are.
+
+    Under tp > 1, E and I above are this rank's (`local_experts`, `local_width`; see `_split`),
+    and fp8 block scales are in `fp8.block_size` blocks (finer where the rank's width needs it)."""
 
     _SLICES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
 
@@ -253,10 +260,11 @@ class SparseMoeBlock(nn.Module):
         if shared_expert_intermediate_size:
             # Qwen2-MoE's shared expert, every token through it, scaled by a sigmoid gate whose
             # one row rides along with the router's (one projection for both)
-            self.gate = Linear(hidden_size, [num_experts, 1], checkpoint_names=["gate", "shared_expert_gate"])
+            self.gate = Linear(hidden_size, [num_experts, 1], checkpoint_names=["gate", "shared_expert_gate"],
+                               parallel="replicated")
             self.shared_expert = GatedMLP(hidden_size, shared_expert_intermediate_size)
         else:
-            self.gate = Linear(hidden_size, [num_experts])  # the router
+            self.gate = Linear(hidden_size, [num_experts], parallel="replicated")  # the router
             self.shared_expert = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
