@@ -7,16 +7,15 @@ or from worker processes, one per rank."""
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass
 
-import torch
 
 from hotpath.args import EngineArgs
 from hotpath.engine.kv_cache import KVCacheManager
 from hotpath.engine.plans import PlanBuilder
+from hotpath.engine.prompts import eos_token_ids, load_tokenizer, tokenize_prompt
 from hotpath.engine.request_outputs import Request, append_token, make_output
 from hotpath.engine.scheduler import Scheduler
 from hotpath.engine.sequence import Sequence, SequenceStatus
@@ -80,7 +79,7 @@ class Engine:
         self.async_scheduling = self.device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
         self._in_flight: InFlight | None = None
         self._seq_ids = itertools.count()
-        self.eos_token_ids = self._eos_token_ids()
+        self.eos_token_ids = eos_token_ids(r.model_dir, r.model_config, self.tokenizer)
         logger.info("hotpath engine: %s on %s (%s), KV cache %d tokens", r.model_dir, self.device,
                     str(self.dtype).removeprefix("torch."), capacity)
 
@@ -91,19 +90,6 @@ class Engine:
     def shutdown(self) -> None:
         """Stops the workers (a multi-process executor's); the engine serves nothing after."""
         self.executor.shutdown()
-
-    def _eos_token_ids(self) -> set[int]:
-        """EOS ids as HF generate uses them: generation_config.json first, then config.json."""
-        gen = self.model_dir / "generation_config.json"
-        if gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            if eos is not None:
-                return set([eos] if isinstance(eos, int) else eos)
-        if self.model_config.eos_token_id:
-            return set(self.model_config.eos_token_id)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            return {self.tokenizer.eos_token_id}
-        return set()
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams,
@@ -133,29 +119,7 @@ class Engine:
             self.scheduler.add(seq)
 
     def tokenize_prompt(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
-        text = None
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:  # "prompt" may ride along as the text it came from
-                text = prompt.get("prompt")
-                prompt = list(prompt["prompt_token_ids"])
-            elif "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init is set); pass prompt_token_ids")
-            token_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-            text = prompt
-        else:
-            token_ids = list(prompt)
-            vocab = self.model_config.vocab_size
-            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        return text, token_ids
+        return tokenize_prompt(self.tokenizer, self.model_config.vocab_size, prompt)
 
     def abort_request(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -314,15 +278,3 @@ class Engine:
                 for seq in req.seqs:
                     self._forget(seq)
         return [make_output(req, self.speculation is not None) for req in touched.values()]
-
-
-def load_tokenizer(path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"cannot load a tokenizer from {path}: {e}. Pass tokenizer=... or "
-            "skip_tokenizer_init=True with token-id prompts"
-        ) from e

@@ -1,9 +1,9 @@
 """The server's front on an engine process: `hotpath serve` runs the Engine in a child process.
 
 Why a process: in one process, the engine loop (scheduling, sampling bookkeeping, detokenization,
-CUDA graph launches) and HTTP handling (parsing, tokenization, JSON, SSE) share one GIL, and at 64
-concurrent streams on an H200 the server's TPOT was 11.2 ms against 8.1 ms for LLM.generate at batch
-64. The child runs engine_process.py's loop; this side keeps the HTTP layer's interface
+CUDA graph launches) and HTTP handling (parsing, tokenization, JSON, SSE) share one GIL, which
+cost the server's TPOT much of the engine's speed under many streams (docs/decisions.md, server).
+The child runs engine_process.py's loop; this side keeps the HTTP layer's interface
 (front.py), so app.py and serving.py do not know where the engine runs.
 
 The transport is a multiprocessing Pipe (a Unix socket pair) with pickled messages, spawned (CUDA

@@ -124,8 +124,7 @@ def _serve(engine: Engine, conn: Connection) -> None:
 def _read_in_a_thread(conn: Connection) -> queue.SimpleQueue:
     """Reads the server's commands as they arrive, into a queue, on a thread of its own.
 
-    The engine loop must never stop reading: with 2,000 requests sent at once (ShareGPT, H200),
-    the server's event loop sat in a blocking send of ADDs while the engine, between its reads,
+    The engine loop must never stop reading: with thousands of requests sent at once, the server's event loop sat in a blocking send of ADDs while the engine, between its reads,
     sat in a blocking send of STEP messages the event loop was not reading, and both waited
     forever. Reading here, the server's sends always drain, so it gets back to reading."""
     commands: queue.SimpleQueue = queue.SimpleQueue()

@@ -16,7 +16,8 @@ import torch
 
 from hotpath.distributed.parallel_state import SINGLE, Parallel, building_parallel
 from hotpath.resolve import Resolved
-from hotpath.runner.model_runner import LaunchedStep, ModelRunner
+from hotpath.runner.model_runner import ModelRunner
+from hotpath.runner.step_types import LaunchedStep
 from hotpath.runner.plan import NewSeq, SampledToken, StepPlan
 from hotpath.runner.seq_state import SeqState
 

@@ -14,7 +14,8 @@ import torch
 
 from hotpath.speculative.config import SpeculativeConfig
 from hotpath.speculative.ngram import ngram_propose
-from hotpath.runner.model_runner import LaunchedStep, ModelRunner, Row
+from hotpath.runner.model_runner import ModelRunner
+from hotpath.runner.step_types import LaunchedStep, Row
 from hotpath.runner.sampler import probabilities, process_logits
 from hotpath.runner.seq_state import SeqState, is_plain_greedy
 

@@ -58,7 +58,7 @@ from hotpath.ops.norm import gated_rms_norm  # noqa: E402
 from hotpath.ops.sampling import greedy_sample  # noqa: E402
 from hotpath.runner.decode_inputs import DecodeInputs  # noqa: E402
 from hotpath.layers.forward_batch import ForwardBatch  # noqa: E402
-from hotpath.runner.model_runner import SHORT_CONTEXT_GRAPHS  # noqa: E402
+from hotpath.runner.graphs import SHORT_CONTEXT_GRAPHS  # noqa: E402
 
 
 @dataclass(frozen=True)

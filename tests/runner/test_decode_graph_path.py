@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hotpath import LLM, SamplingParams
-from hotpath.runner import model_runner, row_graphs
+from hotpath.runner import graphs as runner_graphs, row_graphs
 from hotpath.runner.decode_inputs import OUT_SLOTS
 
 from eager_graphs import capture_eager_graphs  # tests/, on sys.path through conftest.py
@@ -72,7 +72,7 @@ def test_short_context_graphs(prompts, monkeypatch):
     batches = [ps[:2], ps]  # longest contexts up to 29, then up to 51 tokens
     eager = make_llm(path, graphs=False)  # the same two calls, the second with prefix-cache hits
     want = [generate(eager, b, PLAIN) for b in batches]
-    monkeypatch.setattr(model_runner, "SHORT_CONTEXT_GRAPHS", (32, 48))
+    monkeypatch.setattr(runner_graphs, "SHORT_CONTEXT_GRAPHS", (32, 48))
     # as if the attention split contexts into 16-token pieces: 2 and 3 splits against 16
     monkeypatch.setattr(row_graphs, "decode_splits", lambda seqs, heads, ctx, device: -(-ctx // 16))
     llm = make_llm(path, graphs=True)
@@ -229,7 +229,7 @@ def test_cuda_short_context_graphs_match_eager(tiny_model_factory, monkeypatch):
     batches = [[torch.randint(3, hf_model.config.vocab_size, (n,), generator=g).tolist() for n in lens]
                for lens in ((30,), (60, 20), (100,), (150, 40, 90))]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=0)
-    monkeypatch.setattr(model_runner, "SHORT_CONTEXT_GRAPHS", (64, 128))
+    monkeypatch.setattr(runner_graphs, "SHORT_CONTEXT_GRAPHS", (64, 128))
 
     def run(eager):
         llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype="float32", max_model_len=256,

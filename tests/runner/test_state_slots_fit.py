@@ -4,7 +4,7 @@ not even one fits."""
 
 import pytest
 
-from hotpath.runner.model_runner import state_slots_that_fit
+from hotpath.runner.memory import state_slots_that_fit
 
 MB = 2**20
 
