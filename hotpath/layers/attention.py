@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from hotpath.layers.cache import KVCacheSpec
-from hotpath.layers.linear import Linear, WeightLoaders
+from hotpath.layers.linear import Linear, QKVLinear, WeightLoaders
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
 from hotpath.ops.attention import rope_and_paged_attention
@@ -113,7 +113,12 @@ class SelfAttention(nn.Module):
     """qkv projection, optional per-head QK-norm (Qwen3), RoPE, paged attention, o projection.
 
     `output_gate` (Qwen3-Next, Qwen3.5): q_proj emits, per head, the query and then a gate of the
-    same size, and the attention output is multiplied by sigmoid(gate) before o_proj."""
+    same size, and the attention output is multiplied by sigmoid(gate) before o_proj.
+
+    Under tensor parallelism the heads split over the ranks (qkv_proj column-parallel by heads,
+    KV heads replicated where there are fewer than ranks; o_proj row-parallel): this rank attends
+    with its `num_heads` / `num_kv_heads`, its cache holds only its KV heads, and `forward`
+    returns its partial sum of the output, which the decoder layer reduces."""
 
     def __init__(
         self,
@@ -128,22 +133,22 @@ class SelfAttention(nn.Module):
         zero_centred_norms: bool = False,
     ) -> None:
         super().__init__()
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.q_size = num_heads * head_dim
-        self.kv_size = num_kv_heads * head_dim
         self.output_gate = output_gate
-        q_out = 2 * self.q_size if output_gate else self.q_size
-        self.qkv_proj = Linear(hidden_size, [q_out, self.kv_size, self.kv_size], bias=qkv_bias,
-                               checkpoint_names=["q_proj", "k_proj", "v_proj"])
-        self.o_proj = Linear(self.q_size, [hidden_size])
+        self.qkv_proj = QKVLinear(hidden_size, head_dim, num_heads, num_kv_heads, bias=qkv_bias,
+                                  q_head_width=2 * head_dim if output_gate else head_dim)
+        # this rank's heads (all of them on one rank)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+        self.o_proj = Linear(num_heads * head_dim, [hidden_size], parallel="row")
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, zero_centred_norms)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, zero_centred_norms)
         self.rotary = rotary
-        self.attn = Attention(num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return self.o_proj(self.attend(positions, self.qkv_proj(x), batch))

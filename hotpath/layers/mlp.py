@@ -1,4 +1,8 @@
-"""The gated MLP: down(silu(gate(x)) * up(x)) with gate and up in one projection."""
+"""The gated MLP: down(silu(gate(x)) * up(x)) with gate and up in one projection.
+
+Under tensor parallelism gate_up is column-parallel (each rank its slice of the intermediate
+features, of gate and of up alike, so SiLU-and-mul stays local) and down_proj row-parallel:
+`forward` returns this rank's partial sum, which the decoder layer reduces."""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = Linear(hidden_size, [intermediate_size, intermediate_size],
-                                   checkpoint_names=["gate_proj", "up_proj"])
-        self.down_proj = Linear(intermediate_size, [hidden_size])
+                                   checkpoint_names=["gate_proj", "up_proj"], parallel="column")
+        self.down_proj = Linear(intermediate_size, [hidden_size], parallel="row")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # gate_up and SiLU-and-mul fused where the GEMV runs (decode), two ops elsewhere

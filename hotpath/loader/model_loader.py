@@ -1,6 +1,12 @@
 """Build a model directly on its device and dtype (quantized layers in their format's parameters),
 then fill its weights; and, for speculative decoding with method "mtp", the multi-token-prediction
-head a Qwen3-Next / Qwen3.5 checkpoint carries beside its model (`load_mtp`)."""
+head a Qwen3-Next / Qwen3.5 checkpoint carries beside its model (`load_mtp`).
+
+Under tensor parallelism (called inside `building_parallel`) the model is this rank's shard: each
+rank streams every full checkpoint tensor and its layers narrow it to their part as it loads
+(layers/linear.py). Reading only the rank's slice out of the safetensors files would cut each
+rank's reads by tp; that is a later optimisation. Dummy weights are generated at the one-rank
+model's shapes and narrowed the same way (loader/dummy.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from hotpath.config import ModelConfig
+from hotpath.distributed.parallel_state import SINGLE, building_parallel, current_parallel
 from hotpath.layers.linear import Linear, UnquantizedLinearMethod
 from hotpath.layers.moe import FusedExperts
 from hotpath.layers.quant.base import building_with
@@ -61,11 +68,23 @@ def load_model(
         if cfg.quantization is not None:
             keep_unquantized(model, cfg.quantization)
     if load_format == "dummy":
-        init_dummy_weights(model, seed)
+        init_dummy_weights(model, seed, unsharded=_unsharded_shapes(cfg, dtype, max_positions))
     else:
         model.load_weights(iterate_safetensors(weights_dir(model_dir, dtype)))
     finish_loading(model)
     return model.eval()
+
+
+def _unsharded_shapes(cfg: ModelConfig, dtype: torch.dtype, max_positions: int) -> nn.Module | None:
+    """Under tensor parallelism, the same model built for one rank on the meta device (no memory):
+    the full shapes its dummy weights are generated at. None on one rank."""
+    if current_parallel().tp.size == 1:
+        return None
+    with building_parallel(SINGLE), _building(cfg, torch.device("meta"), dtype):
+        model = get_model_class(cfg.architecture)(cfg, max_positions)
+        if cfg.quantization is not None:
+            keep_unquantized(model, cfg.quantization)
+    return model
 
 
 def load_mtp(

@@ -10,6 +10,13 @@ Decode steps of a few tokens take a fused chain (`DecoderModel.forward_few_rows`
 fuses: each RMSNorm is applied as the next projection loads its input, from the sums of squares the
 previous projection's epilogue (or the embedding lookup) gathered, so no norm kernel runs between
 layers. A block whose layers cannot fuse (`fuses(x)` false) keeps the whole step on the plain path.
+
+Under tensor parallelism (the model built inside `building_parallel`) every token mixer and MLP
+block returns this rank's partial sum, unreduced; the decoder reduces it where it is added into
+the residual stream, fused with that add and the next RMSNorm (`all_reduce_add_rms_norm`: the
+post-attention norm, the next layer's input norm, the final norm), one all-reduce per block. The
+few-rows chain adds each block's output into the residual in its epilogue, before any reduce
+could run, so a tensor-parallel model always takes the plain path.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from hotpath.config import ModelConfig
+from hotpath.distributed.parallel_state import GroupCoordinator, current_parallel
 from hotpath.layers.attention import SelfAttention
 from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import WeightLoaders
@@ -41,6 +49,7 @@ class DecoderLayer(nn.Module):
         setattr(self, mixer_name, mixer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
         self.mlp = mlp
+        self.tp = reducing_group()
 
     @property
     def mixer(self) -> nn.Module:
@@ -53,13 +62,15 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output (under tp, its partial sum) or, with residual
+        None, the embedding; returns this layer's MLP output (partial under tp) and the residual."""
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = add_norm(self.tp, self.input_layernorm, x, residual)
         x = self.mixer(positions, x, batch)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = add_norm(self.tp, self.post_attention_layernorm, x, residual)
         return self.mlp(x), residual
 
     def fuses(self, x: torch.Tensor) -> bool:
@@ -88,6 +99,7 @@ class DecoderModel(nn.Module):
             DecoderLayer(cfg, *family.make_mixer(cfg, rotary, i), family.make_mlp(cfg, i))
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms)
+        self.tp = reducing_group()
         # one layer of each kind (mixer, MLP block, parameter shapes): what few_rows asks, so a
         # step's check costs one layer's, not every layer's (a plain list: not registered twice)
         kinds = {(type(layer.mixer), type(layer.mlp), tuple(p.shape for p in layer.parameters())): layer
@@ -105,12 +117,14 @@ class DecoderModel(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, batch)
-        x, _ = self.norm(x, residual)
+        x, _ = add_norm(self.tp, self.norm, x, residual)
         return x
 
     def few_rows(self, num_tokens: int) -> bool:
         """Whether a forward of `num_tokens` tokens takes the fused chain (forward_few_rows):
-        every layer's blocks fuse at that many rows."""
+        every layer's blocks fuse at that many rows (never under tp: see the module's note)."""
+        if self.tp is not None:
+            return False
         w = self.embed_tokens.weight
         x = w[:1].expand(num_tokens, -1)  # stands for the step's input: its rows, dtype, device
         return all(layer.fuses(x) for layer in self._layer_kinds)
@@ -125,6 +139,21 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             sumsq = layer.forward_few_rows(positions, h, sumsq, batch)
         return h
+
+
+def reducing_group() -> GroupCoordinator | None:
+    """The tp group a decoder built now reduces its blocks' partial sums over; None on one rank."""
+    tp = current_parallel().tp
+    return tp if tp.size > 1 else None
+
+
+def add_norm(tp: GroupCoordinator | None, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + x), residual + x), x a block's output: on one rank the fused add +
+    RMSNorm, under tp x is this rank's partial sum and is all-reduced first, in one call."""
+    if tp is None:
+        return norm(x, residual)
+    return tp.all_reduce_add_rms_norm(x, residual, norm.weight, norm.eps)
 
 
 class CheckpointLoading:

@@ -1,11 +1,13 @@
 """Runs a test file's tensor-parallel cases in real gloo process groups on loopback.
 
 Spawning processes and forming groups costs seconds, so a file spawns once: `run_cases` starts
-`world_size` processes, each forms the group of all of them (tp = world_size) and, inside it,
-groups of two consecutive ranks (tp = 2), then runs every case of the file on each rank. A case
-is `case(tp)`, a module-level function taking this rank's GroupCoordinator; it raises (assert) to
-fail. The outcome per case is returned to the test process ({name: None, or the first rank's
-error}), so a fixture can run them once and each test report its own case.
+`world_size` processes, each forms the group of all of them (tp = world_size) and, inside it, a
+group of ranks 0 and 1 (tp = 2; the other ranks wait out its cases), then runs every case of the
+file on each rank of its group. A case is `case(tp, *args)`, a module-level function taking this
+rank's GroupCoordinator and the file's `args` (e.g. checkpoint paths, or reference outputs the
+test process computed once); it raises to fail. The outcome per case is returned to the test
+process ({name: None, or the first failing rank's traceback}), so a fixture runs them once and
+each test reports its own case.
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ def parallel(tp: GroupCoordinator):
 
 
 def run_cases(module: str, cases: dict[str, tuple[str, int]], world_size: int = 4,
-              timeout: float = 120.0) -> dict[str, str | None]:
+              timeout: float = 120.0, args: tuple = ()) -> dict[str, str | None]:
     """Runs each case {name: (function name in `module`, tp size 2 or world_size)} on every rank
     of its group; returns {name: None if it passed on every rank, else an error's traceback}."""
     with tempfile.TemporaryDirectory() as out:
         port = free_port()
-        ctx = mp.spawn(_worker, args=(world_size, port, module, cases, out), nprocs=world_size,
+        ctx = mp.spawn(_worker, args=(world_size, port, module, cases, out, args), nprocs=world_size,
                        join=False)
         deadline = time.monotonic() + timeout
         while not ctx.join(1):  # raises if a process died
@@ -66,23 +68,26 @@ def run_cases(module: str, cases: dict[str, tuple[str, int]], world_size: int = 
 
 
 def _worker(rank: int, world_size: int, port: int, module: str, cases: dict[str, tuple[str, int]],
-            out: str) -> None:
+            out: str, args: tuple) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     try:
         groups = {world_size: GroupCoordinator(rank, world_size, dist.group.WORLD)}
         if world_size > 2:
-            for first in range(0, world_size, 2):  # every rank must create every group
-                group = dist.new_group([first, first + 1])
-                if first <= rank < first + 2:
-                    groups[2] = GroupCoordinator(rank - first, 2, group)
+            group = dist.new_group([0, 1])  # every rank takes part in creating it
+            if rank < 2:
+                groups[2] = GroupCoordinator(rank, 2, group)
         mod = importlib.import_module(module)
         results: dict[str, str | None] = {}
         for name, (func, size) in cases.items():
             torch.manual_seed(0)
+            if size not in groups:
+                results[name] = None
+                dist.barrier()
+                continue
             try:
-                getattr(mod, func)(groups[size])
+                getattr(mod, func)(groups[size], *args)
                 results[name] = None
             except (Exception, AssertionError, pytest.fail.Exception):  # reported per case
                 results[name] = traceback.format_exc(limit=6)
