@@ -244,7 +244,7 @@ def _check_idle(llm: LLM) -> None:
     kv = engine.kv_cache
     held = [b.block_id for b in kv.blocks if b.ref_count]
     assert not held and kv.num_free_blocks == kv.num_blocks, f"leaked blocks: {held[:20]} ({len(held)})"
-    inputs = getattr(engine.runner, "decode_inputs", None)  # only where decode graphs were captured
+    inputs = getattr(engine.executor.runner, "decode_inputs", None)  # only where decode graphs were captured
     if inputs is not None:
         assert sorted(inputs._free_slots) == list(range(OUT_SLOTS)), "a host output ring row leaked"
 

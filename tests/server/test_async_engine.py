@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from hotpath.engine.args import EngineArgs
+from hotpath.args import EngineArgs
 from hotpath.engine.async_engine import AsyncEngine
 from hotpath.engine.engine import Engine
 from hotpath.engine.front import EngineDeadError

@@ -113,7 +113,7 @@ def test_the_pipe_stays_blocking_on_every_loop(tiny_chat_model, loop):
     and a burst of large requests must all come back."""
     import asyncio
 
-    from hotpath.engine.args import EngineArgs
+    from hotpath.args import EngineArgs
     from hotpath.engine.engine_client import EngineClient
     from hotpath.sampling_params import SamplingParams
 
@@ -154,7 +154,7 @@ def test_many_requests_at_once_do_not_deadlock_the_pipe(tiny_chat_model):
     arrive while the engine is stepping and streaming many outputs; all must come back."""
     import asyncio
 
-    from hotpath.engine.args import EngineArgs
+    from hotpath.args import EngineArgs
     from hotpath.engine.engine_client import EngineClient
     from hotpath.sampling_params import SamplingParams
 
