@@ -157,10 +157,8 @@ class Linear(nn.Module):
     def weight_loader(self, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
         """Copies one checkpoint tensor (e.g. k_proj.weight, shard 1) into its part of `param`
         (its rows; for a quantized method, what its layout says): under tp, this rank's part of
-        it (`rank_part`)."""
-        if self.output_ranges is not None or self.input_range is not None:
-            loaded = self.rank_part(param, shard, loaded)
-        self.method.load_weight(self, param, shard, loaded)
+        it (`rank_part`, which the method's load_checkpoint applies)."""
+        self.method.load_checkpoint(self, param, shard, loaded)
 
     def rank_part(self, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> torch.Tensor:
         """This rank's part of projection `shard`'s full checkpoint tensor for `param`: its

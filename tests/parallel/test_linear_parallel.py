@@ -13,17 +13,20 @@ from hotpath.layers.linear import Linear, QKVLinear
 from hotpath.layers.quant.awq import AwqConfig
 from hotpath.layers.quant.base import QuantConfig, building_with
 from hotpath.layers.quant.fp8_block import Fp8BlockConfig
-from hotpath.layers.quant.fp8_channel import Fp8ChannelConfig
+from hotpath.layers.quant.fp8_channel import Fp8ChannelConfig, Fp8OnlineConfig
 from hotpath.layers.quant.gptq import GptqConfig
 from hotpath.quantizer.formats import awq_tensors, fp8_block_tensors, fp8_channel_tensors, gptq_tensors
 from spawn import parallel, run_cases
 
 G = 32  # int4 group size
-FORMATS = ("unquantized", "fp8_channel", "fp8_block", "awq", "gptq", "gptq_act_order")
+# fp8_online: a 16-bit checkpoint quantized per row as it loads (quantization="fp8")
+FORMATS = ("unquantized", "fp8_channel", "fp8_online", "fp8_block", "awq", "gptq", "gptq_act_order")
+PER_TOKEN_FP8 = ("fp8_channel", "fp8_online")
 
 
 def quant_config(fmt: str) -> QuantConfig | None:
-    return {"unquantized": None, "fp8_channel": Fp8ChannelConfig(), "fp8_block": Fp8BlockConfig(),
+    return {"unquantized": None, "fp8_channel": Fp8ChannelConfig(), "fp8_online": Fp8OnlineConfig(),
+            "fp8_block": Fp8BlockConfig(),
             "awq": AwqConfig(G), "gptq": GptqConfig(G), "gptq_act_order": GptqConfig(G)}[fmt]
 
 
@@ -31,7 +34,7 @@ def checkpoint(fmt: str, n: int, k: int, g: torch.Generator, g_idx: torch.Tensor
                ) -> dict[str, torch.Tensor]:
     """One projection's checkpoint tensors [n outputs, k inputs] in `fmt`'s published layout."""
     w = torch.randn(n, k, generator=g) * 0.1
-    if fmt == "unquantized":
+    if fmt in ("unquantized", "fp8_online"):
         return {"weight": w}
     if fmt == "fp8_channel":
         return fp8_channel_tensors(w, torch.bfloat16)
@@ -144,7 +147,7 @@ def row_case(fmt: str, tp: GroupCoordinator, k: int = 512, n: int = 128) -> None
         got = part(x[:, start:start + k // tp.size].contiguous())
         reduced = tp.all_reduce(got.clone())
         want = full(x)
-        if fmt == "fp8_channel" and rows > 2:
+        if fmt in PER_TOKEN_FP8 and rows > 2:
             # the activations quantized per token over the rank's columns (more rows than
             # FP8_GEMV_MAX_ROWS): the same within fp8's precision, not bit for bit
             assert (reduced - want).norm() < 0.05 * want.norm()

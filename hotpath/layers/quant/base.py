@@ -78,8 +78,16 @@ class LinearMethod:
     def create_weights(self, layer: Linear, in_features: int, out_features: int) -> None:
         raise NotImplementedError
 
+    def load_checkpoint(self, layer: Linear, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
+        """Takes one full checkpoint tensor: under tensor parallelism narrowed to this rank's part
+        (Linear.rank_part), then `load_weight`. A method whose conversion must see the whole
+        tensor (online fp8's per-row scales) converts first and narrows what it made."""
+        if layer.output_ranges is not None or layer.input_range is not None:
+            loaded = layer.rank_part(param, shard, loaded)
+        self.load_weight(layer, param, shard, loaded)
+
     def load_weight(self, layer: Linear, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
-        """Copies one checkpoint tensor (projection `shard`'s part of `param`)."""
+        """Copies one checkpoint tensor (projection `shard`'s part of `param`), this rank's part."""
         copy_checked(output_shard(layer, param, shard), loaded)
 
     def process_weights_after_loading(self, layer: Linear) -> None:

@@ -6,7 +6,9 @@ activations quantized per token as the layer runs.
 
 Online (`quantization="fp8"` on a 16-bit checkpoint): each weight is quantized per output row as
 its tensor streams in, on the device, so no 16-bit copy of the model is ever held; a row's scale
-depends on that row alone, so the fused qkv / gate_up projections quantize part by part."""
+depends on that row alone, so the fused qkv / gate_up projections quantize part by part. Under
+tensor parallelism a row is quantized whole, then narrowed to the rank's part (a row-parallel
+rank's columns keep the full row's scale), so every tp size holds the same fp8 weights."""
 
 from __future__ import annotations
 
@@ -54,14 +56,18 @@ class Fp8OnlineLinearMethod(Fp8LinearMethod):
         layer.weight_scale = checkpoint_param(
             torch.empty(out_features, dtype=torch.float32), from_checkpoint=False)  # [N]
 
-    def load_weight(self, layer: Linear, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
+    def load_checkpoint(self, layer: Linear, param: nn.Parameter, shard: int, loaded: torch.Tensor) -> None:
         if param is not layer.weight:
-            return super().load_weight(layer, param, shard, loaded)
+            return super().load_checkpoint(layer, param, shard, loaded)
         rows = output_shard(layer, param, shard)
-        if loaded.shape != rows.shape:
-            raise ValueError(f"has shape {tuple(loaded.shape)}, expected {tuple(rows.shape)}")
+        expected = (layer.full_output_sizes[shard], layer.full_in_features)
+        if loaded.shape != expected:
+            raise ValueError(f"has shape {tuple(loaded.shape)}, expected {expected}")
         # on the device: the host never holds more than this one checkpoint tensor
-        q, scale = quantize_fp8_per_token(loaded.to(rows.device), rows.dtype)
+        q, scale = quantize_fp8_per_token(loaded.to(rows.device), rows.dtype)  # [N, K], [N]
+        if layer.output_ranges is not None or layer.input_range is not None:
+            q = layer.rank_part(param, shard, q)
+            scale = layer.rank_part(layer.weight_scale, shard, scale)
         rows.copy_(q)
         output_shard(layer, layer.weight_scale, shard).copy_(scale)
 
