@@ -18,10 +18,11 @@ Tensor parallelism (`parallel=`, the group read from `current_parallel()` at con
 of q/k/v or gate/up; `QKVLinear` splits by heads), "row" splits the inputs and returns the rank's
 partial sum, not reduced: the block's caller reduces it fused with the residual add and the next
 RMSNorm (models/decoder.py), which is why a row layer under tp > 1 does not fuse its epilogue.
-Each rank reads the full checkpoint tensors and `weight_loader` narrows them to its part before
-the method's `load_weight`, from each parameter's layout metadata (output_dim / pack_factor /
+Each rank reads the full checkpoint tensors and `rank_part` narrows them to its part before the
+method's `load_weight`, from each parameter's layout metadata (output_dim / pack_factor /
 input_dim / input_pack, quant/base.py): the one place that knows how a checkpoint tensor splits,
-so every quant method loads its rank's shard as it loads a whole layer.
+so every quant method loads its rank's shard as it loads a whole layer (online fp8, whose per-row
+scales need the whole row, quantizes first and narrows what it made).
 """
 
 from __future__ import annotations
