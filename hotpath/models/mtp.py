@@ -80,7 +80,7 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
-from hotpath.models.decoder import CausalLM, CheckpointLoading, DecoderLayer
+from hotpath.models.decoder import CausalLM, CheckpointLoading, DecoderLayer, add_norm, reducing_group
 from hotpath.layers.forward_batch import ForwardBatch
 
 MTP_PREFIX = "mtp."
@@ -95,7 +95,11 @@ def supports_mtp(target: nn.Module) -> bool:
 
 class MtpHead(CheckpointLoading, nn.Module):
     """The checkpoint's `mtp.*` head on the target's embedding and LM head (see the module
-    docstring); `forward` -> hidden states, `compute_logits`, `cache_layers`, `load_weights`."""
+    docstring); `forward` -> hidden states, `compute_logits`, `cache_layers`, `load_weights`.
+
+    Under tensor parallelism (built inside the target's `building_parallel`) its layer splits as
+    the target's layers do and returns a partial sum, reduced with the final norm (`add_norm`);
+    fc and the pre-fc norms are replicated (the layer's input must be whole on every rank)."""
 
     def __init__(self, cfg: ModelConfig, num_layers: int, target: CausalLM, max_positions: int) -> None:
         super().__init__()
@@ -105,13 +109,16 @@ class MtpHead(CheckpointLoading, nn.Module):
         H, eps, zc = cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norms
         self.pre_fc_norm_embedding = RMSNorm(H, eps, zc)
         self.pre_fc_norm_hidden = RMSNorm(H, eps, zc)
-        self.fc = Linear(2 * H, [H])
+        # replicated under tp: the layer's input norm and residual need the whole of x on every
+        # rank, and fc is one [H, 2H] projection a step
+        self.fc = Linear(2 * H, [H], parallel="replicated")
         rotary = _target_rotary(target) or RotaryEmbedding(cfg.head_dim, cfg.rope, max_positions,
                                                           cfg.max_position_embeddings)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, *CausalLM.make_mixer(target, cfg, rotary, i), target.make_mlp(cfg, i))
             for i in range(num_layers))
         self.norm = RMSNorm(H, eps, zc)
+        self.tp = reducing_group()  # the layer's MLP output is a partial sum under tp: reduced here
         # the target's modules, by reference: a tuple is not registered, so they stay out of this
         # module's parameters (dummy init, state_dict, .to()) and are never copied
         self._shared: tuple[VocabEmbedding, LMHead] = (target.model.embed_tokens, target.lm_head)
@@ -140,7 +147,7 @@ class MtpHead(CheckpointLoading, nn.Module):
         h = self.pre_fc_norm_hidden(hidden.to(e.dtype))
         x = self.fc(torch.cat([e, h], dim=-1))
         x, residual = self.layers[step % len(self.layers)](positions, x, None, batch)
-        x, _ = self.norm(x, residual)
+        x, _ = add_norm(self.tp, self.norm, x, residual)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, vocab] fp32

@@ -10,6 +10,7 @@ logits equal the one-rank model's (fp32), through poisoned caches."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from hotpath.distributed.parallel_state import SINGLE, GroupCoordinator, Paralle
 from hotpath.layers.cache import KVCacheSpec
 from hotpath.layers.forward_batch import ForwardBatch
 from hotpath.layers.gated_delta import GatedDeltaNet
-from hotpath.loader.model_loader import load_model
+from hotpath.loader.model_loader import load_model, load_mtp
 from hotpath.models.registry import read_config
 from spawn import run_cases
 from tiny_models import make_tiny_model
@@ -133,28 +134,72 @@ def gated_delta_refusal(tp: GroupCoordinator, paths: dict[str, str]) -> None:
 
 
 # ---- whole models --------------------------------------------------------------------------------
-def load(path: str, parallel: Parallel) -> torch.nn.Module:
+def load(path: str, parallel: Parallel, load_format: str = "auto") -> torch.nn.Module:
     cfg = read_config(Path(path))
     with building_parallel(parallel):
-        return load_model(cfg, Path(path), "auto", CPU, torch.float32, MAX_POSITIONS)
+        return load_model(cfg, Path(path), load_format, CPU, torch.float32, MAX_POSITIONS)
 
 
-def model_case(tp: GroupCoordinator, paths: dict[str, str], name: str, expert_parallel: bool) -> None:
-    full, part = load(paths[name], SINGLE), load(paths[name], Parallel(tp, expert_parallel))
-    bind_poisoned(full.cache_layers())
-    bind_poisoned(part.cache_layers())
-    vocab = full.config.vocab_size
-    ids = torch.randint(0, vocab, (12,), generator=torch.Generator().manual_seed(7))
+def run_model(model: torch.nn.Module, first_ids: torch.Tensor, next_ids: list[torch.Tensor] | None = None
+              ) -> list[torch.Tensor]:
+    """Logits [seqs, vocab] of each of MODEL_STEPS: a prefill, then decode steps of the tokens
+    `next_ids` gives (None: each step's argmax, greedy)."""
+    bind_poisoned(model.cache_layers())
+    ids, out = first_ids, []
     for i, rows in enumerate(MODEL_STEPS):
         positions, batch = step(rows)
-        want = full.compute_logits(full(ids, positions, batch)[batch.logits_indices])
-        got = part.compute_logits(part(ids, positions, batch)[batch.logits_indices])
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{name} step {i}")
-        assert torch.equal(got.argmax(-1), want.argmax(-1)), f"{name} step {i}"
-        ids = want.argmax(-1)  # greedy: the next step decodes each sequence's token
+        out.append(model.compute_logits(model(ids, positions, batch)[batch.logits_indices]))
+        ids = out[-1].argmax(-1) if next_ids is None else next_ids[i]
+    return out
 
 
-MODEL_STEPS = [[(0, 7), (0, 5)], [(7, 1), (5, 1)], [(8, 1), (6, 1)], [(9, 1), (7, 1)]]  # prefill, decodes
+@functools.cache
+def one_rank_logits(path: str, load_format: str = "auto") -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The prompt and the one-rank model's logits at each step (computed once a process)."""
+    model = load(path, SINGLE, load_format)
+    ids = torch.randint(0, model.config.vocab_size, (12,), generator=torch.Generator().manual_seed(7))
+    return ids, run_model(model, ids)
+
+
+def model_case(tp: GroupCoordinator, paths: dict[str, str], name: str, expert_parallel: bool,
+               load_format: str = "auto") -> None:
+    ids, want = one_rank_logits(paths[name], load_format)
+    got = run_model(load(paths[name], Parallel(tp, expert_parallel), load_format), ids,
+                    [w.argmax(-1) for w in want])
+    for i, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=f"{name} step {i}")
+        assert torch.equal(g.argmax(-1), w.argmax(-1)), f"{name} step {i}"
+
+
+def mtp_case(tp: GroupCoordinator, paths: dict[str, str], name: str) -> None:
+    """The checkpoint's MTP head beside its target under tp: its draft logits over a prefill's
+    rows and a draft step after it (its own output fed back) equal the one-rank head's."""
+    path = Path(paths[name])
+    outs = []
+    for parallel in (SINGLE, Parallel(tp)):
+        cfg = read_config(path)
+        with building_parallel(parallel):
+            target = load_model(cfg, path, "auto", CPU, torch.float32, MAX_POSITIONS)
+            head = load_mtp(cfg, path, "auto", CPU, torch.float32, MAX_POSITIONS, 0, target)
+        bind_poisoned(target.cache_layers())
+        bind_poisoned(head.cache_layers())
+        g = torch.Generator().manual_seed(8)
+        ids = torch.randint(0, cfg.vocab_size, (12,), generator=g)
+        positions, batch = step(MODEL_STEPS[0])
+        hidden = target(ids, positions, batch)
+        shifted = torch.randint(0, cfg.vocab_size, (12,), generator=g)  # the tokens after each row
+        out = head(shifted, positions, batch, hidden)[batch.logits_indices]
+        logits = [head.compute_logits(out)]
+        positions, batch = step(MODEL_STEPS[1])
+        logits.append(head.compute_logits(head(logits[0].argmax(-1), positions, batch, out, step=1)))
+        outs.append(logits)
+    for i, (want, got) in enumerate(zip(*outs)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{name} mtp draft {i}")
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+MTP_MODELS = ("qwen3next-hybrid", "qwen3_5-moe")  # their checkpoints carry a one-layer MTP head
+MODEL_STEPS = [[(0, 7), (0, 5)], [(7, 1), (5, 1)], [(8, 1), (6, 1)]]  # a prefill, decode steps
 MODELS = {  # name: the tp sizes its heads allow
     "qwen3moe-e7-top3-sparse2": (2, 4), "qwen2moe-shared": (2, 4), "qwen3next-hybrid": (2,),
     "qwen3_5-moe": (2,)}
@@ -167,6 +212,16 @@ for size in (2, 4):
         if size in sizes:
             for mode in ("tp", "ep"):
                 CASES[f"{name}-{mode}{size}"] = (f"model_{name.replace('-', '_')}_{mode}", size)
+for name in MTP_MODELS:
+    CASES[f"{name}-mtp-tp2"] = (f"mtp_{name.replace('-', '_')}", 2)
+    globals()[f"mtp_{name.replace('-', '_')}"] = lambda tp, paths, name=name: mtp_case(tp, paths, name)
+CASES["qwen3_5-moe-dummy-tp2"] = ("dummy_qwen3_5_moe", 2)  # random weights: the same model at every tp
+
+
+def dummy_qwen3_5_moe(tp: GroupCoordinator, paths: dict[str, str]) -> None:
+    model_case(tp, paths, "qwen3_5-moe", False, load_format="dummy")
+
+
 for layout in ("qwen3_next", "qwen3_5"):  # module-level names the spawned processes import
     globals()[f"gated_delta_{layout}"] = lambda tp, paths, layout=layout: gated_delta_case(tp, layout)
 for name in MODELS:
@@ -183,7 +238,7 @@ def results(tmp_path_factory) -> dict[str, str | None]:
     paths = {}
     for name in MODELS:
         out = tmp_path_factory.mktemp(name)
-        make_tiny_model(name, out)
+        make_tiny_model(name, out, mtp_layers=1 if name in MTP_MODELS else 0)
         paths[name] = str(out)
     return run_cases(__name__, CASES, world_size=4, args=(paths,))
 
