@@ -11,7 +11,7 @@ K = 4
 
 
 def seqs(n: int) -> list[Sequence]:
-    return [Sequence(i, "r", 0, [1, 2], SamplingParams(temperature=0), 16, set()) for i in range(n)]
+    return [Sequence(seq_id=i, request_id="r", index=0, prompt_token_ids=[1, 2], params=SamplingParams(temperature=0), max_tokens=16, stop_token_ids=set()) for i in range(n)]
 
 
 def timed(policy: DraftLengthPolicy, batch_size: int, k: int, seconds: float) -> None:

@@ -159,9 +159,12 @@ def count_rollbacks(llm):
     rollback = runner.rollback_states
 
     def counting(rows):
+        engine_seqs = {s.seq_id: s for s in llm.engine.scheduler.running}  # the snapshots' owner
         for seq, kept in rows:
             counts["rows"] += kept < runner._verify_rows[seq.seq_id][1]
-            past = seq.snapshot is not None and seq.snapshot_boundary > seq.num_computed_tokens
+            owner = engine_seqs.get(seq.seq_id)
+            past = (owner is not None and owner.snapshot is not None
+                    and owner.snapshot_boundary > seq.num_computed_tokens)
             counts["snapshots_past_kept"] += past
         rollback(rows)
 

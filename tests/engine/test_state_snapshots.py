@@ -10,7 +10,7 @@ BS = 16
 
 
 def seq(prompt_len: int, hashes: int) -> Sequence:
-    s = Sequence(0, "r", 0, list(range(prompt_len)), SamplingParams(), 100, set())
+    s = Sequence(seq_id=0, request_id="r", index=0, prompt_token_ids=list(range(prompt_len)), params=SamplingParams(), max_tokens=100, stop_token_ids=set())
     s.block_hashes = [1000 + i for i in range(hashes)]
     return s
 
