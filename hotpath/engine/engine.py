@@ -27,6 +27,7 @@ from hotpath.resolve import resolve
 from hotpath.runner.plan import decode_graph_size
 from hotpath.runner.seq_state import is_plain_greedy
 from hotpath.sampling_params import SamplingParams
+from hotpath.speculative.stats import SpecStats
 
 logger = logging.getLogger("hotpath")
 
@@ -70,6 +71,8 @@ class Engine:
                                        self.config.enable_prefix_caching, info.num_state_slots, snapshots)
         self.plans = PlanBuilder()
         self.speculation = None if r.spec is None else Speculation(r.spec, self.executor, self.plans)
+        self._mtp = r.spec is not None and r.spec.method == "mtp"
+        self.spec_stats = SpecStats(0) if self.speculation is None else self.speculation.stats
         self.scheduler = Scheduler(self.config, self.kv_cache,
                                    self.speculation.num_draft_slots if self.speculation else None,
                                    1 + r.num_speculative_tokens)
@@ -82,10 +85,6 @@ class Engine:
         self.eos_token_ids = eos_token_ids(r.model_dir, r.model_config, self.tokenizer)
         logger.info("hotpath engine: %s on %s (%s), KV cache %d tokens", r.model_dir, self.device,
                     str(self.dtype).removeprefix("torch."), capacity)
-
-    @property
-    def spec_stats(self):
-        return None if self.speculation is None else self.speculation.stats
 
     def shutdown(self) -> None:
         """Stops the workers (a multi-process executor's); the engine serves nothing after."""
@@ -236,7 +235,9 @@ class Engine:
           on the host, and the dropped token never is).
         - The same holds for an abort or a preemption between steps: the blocks of a step in
           flight are reused only by steps queued behind it."""
-        gone = [seq.seq_id for seq, _ in launched.scheduled if seq.status != SequenceStatus.RUNNING]
+        # what the MTP head (which catches up as the workers collect) must not run over
+        gone = [seq.seq_id for seq, _ in launched.scheduled
+                if seq.status != SequenceStatus.RUNNING] if self._mtp else []
         sampled = self.executor.collect(launched.step_id, gone)
         now = time.monotonic()
         for seq, _ in launched.scheduled:
@@ -270,11 +271,13 @@ class Engine:
             touched[req.request_id] = req
 
     def _outputs(self, touched: dict[str, Request]) -> list[RequestOutput]:
-        now = time.monotonic()
+        now, speculative, outputs = time.monotonic(), self.speculation is not None, []
         for req in touched.values():
-            if req.finished:
+            finished = req.finished
+            if finished:
                 req.finished_time = now
                 del self.requests[req.request_id]
                 for seq in req.seqs:
                     self._forget(seq)
-        return [make_output(req, self.speculation is not None) for req in touched.values()]
+            outputs.append(make_output(req, speculative, finished))
+        return outputs

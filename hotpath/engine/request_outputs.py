@@ -75,7 +75,7 @@ def _logprob_entry(tokenizer, token: SampledToken) -> dict[int, Logprob]:
     return entry
 
 
-def make_output(req: Request, speculative: bool) -> RequestOutput:
+def make_output(req: Request, speculative: bool, finished: bool) -> RequestOutput:
     outs = []
     for seq in req.seqs:
         text = seq.text
@@ -105,7 +105,7 @@ def make_output(req: Request, speculative: bool) -> RequestOutput:
         prompt=req.prompt,
         prompt_token_ids=req.prompt_token_ids,
         outputs=outs,
-        finished=req.finished,
+        finished=finished,
         num_cached_tokens=req.seqs[0].num_cached_prompt_tokens,
         metrics=metrics,
     )

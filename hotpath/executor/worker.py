@@ -77,8 +77,9 @@ class Worker:
         for row in plan.rows:
             seq = self.seqs[row.seq_id]
             seq.num_computed_tokens = row.num_computed_tokens
-            del seq.block_table[row.blocks_from:]
-            seq.block_table += row.blocks
+            if row.blocks or row.blocks_from != len(seq.block_table):
+                del seq.block_table[row.blocks_from:]
+                seq.block_table += row.blocks
             seq.state_slot = row.state_slot
             seq.restore_snapshot = row.restore_snapshot
             seq.save_at = row.save_at
@@ -92,7 +93,8 @@ class Worker:
         if gen is None and new.seed is not None:
             gen = torch.Generator(device=self.runner.device).manual_seed(new.seed)
             self.generators[new.seq_id] = gen
-        return SeqState(seq_id=new.seq_id, prompt_token_ids=list(new.prompt_token_ids),
+        # the prompt list is shared, never copied: no side changes a prompt (the outputs are each side's)
+        return SeqState(seq_id=new.seq_id, prompt_token_ids=new.prompt_token_ids,
                         output_token_ids=list(new.output_token_ids), params=new.params,
                         num_pending_tokens=new.num_pending_tokens,
                         max_tokens=new.max_tokens, stop_token_ids=set(new.stop_token_ids), generator=gen)
@@ -124,7 +126,10 @@ class Worker:
                 kept.append((seq, len(got)))
                 seq.num_computed_tokens -= len(seq.draft_token_ids) + 1 - len(got)
                 seq.draft_token_ids, seq.draft_probs = [], None
-            seq.output_token_ids += [t.token_id for t in got]
+            if len(got) == 1:
+                seq.output_token_ids.append(got[0].token_id)
+            else:
+                seq.output_token_ids += [t.token_id for t in got]
         if kept and self.runner.state_layers:  # the linear-attention state back to the last kept token
             self.runner.rollback_states(kept)
         if self.drafter is not None:

@@ -22,14 +22,14 @@ from hotpath.sampling_params import SamplingParams
 SPEC_GRAPH_MAX_ROWS = 64
 
 
-@dataclass
+@dataclass(slots=True)
 class SampledToken:
     token_id: int
     logprob: float
     top_logprobs: list[tuple[int, float]]  # [(token_id, logprob)] best first; empty unless asked
 
 
-@dataclass
+@dataclass(slots=True)
 class NewSeq:
     """A sequence the workers do not hold: its tokens so far and how it samples."""
 
@@ -43,7 +43,7 @@ class NewSeq:
     num_pending_tokens: int = 0  # sampled by a step in flight, not on the host yet
 
 
-@dataclass
+@dataclass(slots=True)
 class RowPlan:
     """One scheduled sequence: `num_new` tokens from position `num_computed_tokens` (its own
     tokens, then `drafts`), over a block table of which the workers hold the first `blocks_from`
@@ -60,7 +60,7 @@ class RowPlan:
     drafts: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
     new: list[NewSeq]
     rows: list[RowPlan]
@@ -92,6 +92,9 @@ def tokens_from_wire(data: list) -> dict[int, list[SampledToken]]:
 def decode_graph_size(rows: list[tuple[Any, int]], sizes: list[int]) -> int:
     """The captured decode batch size (of ascending `sizes`) a step of (sequence, tokens) rows
     replays, or 0 where it runs eagerly: every row decodes one token."""
-    if not sizes or any(n != 1 or not seq.is_decoding for seq, n in rows):
+    if not sizes:
         return 0
+    for seq, n in rows:
+        if n != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:  # a decode: its newest token only
+            return 0
     return next((size for size in sizes if size >= len(rows)), 0)

@@ -41,15 +41,19 @@ class SeqState:
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None
     num_draft_computed: int = 0  # tokens whose draft-model (or MTP head) K/V are in the cache
+    num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids), which never changes
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:
         """Every token the sequence has, on the host or still pending on the device."""
-        return self.num_known_tokens + self.num_pending_tokens
+        return self.num_prompt_tokens + len(self.output_token_ids) + self.num_pending_tokens
 
     @property
     def num_known_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self.num_prompt_tokens + len(self.output_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -67,7 +71,7 @@ class SeqState:
         return self.num_computed_tokens + 1 == self.num_tokens
 
     def token_at(self, position: int) -> int:
-        n = len(self.prompt_token_ids)
+        n = self.num_prompt_tokens
         return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
 
 
