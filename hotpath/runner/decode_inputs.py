@@ -40,7 +40,7 @@ import sys
 
 import torch
 
-from hotpath.engine.sequence import Sequence
+from hotpath.runner.seq_state import SeqState
 from hotpath.layers.forward_batch import ForwardBatch
 
 assert sys.byteorder == "little", "the int64 inputs are written as little-endian int32 pairs"
@@ -148,7 +148,7 @@ class DecodeInputs:
     # ---- one step --------------------------------------------------------------------------
     def fill(
         self,
-        seqs: list[Sequence],
+        seqs: list[SeqState],
         size: int,
         prev: tuple[torch.Tensor, list[int]] | None = None,
         slot: int | None = None,
@@ -187,7 +187,7 @@ class DecodeInputs:
             # through a temporary: the source may be these very ids, in another order
             self.token_ids[:n].copy_(prev[0].index_select(0, sources))
 
-    def _changed_tables(self, seqs: list[Sequence], size: int) -> tuple[list[int], int]:
+    def _changed_tables(self, seqs: list[SeqState], size: int) -> tuple[list[int], int]:
         """The step's block tables as `size` rows of one width (padded to an even length), and that
         width; ([], 0) when the device holds them already."""
         # padding rows get a table of the scratch block alone
@@ -199,7 +199,7 @@ class DecodeInputs:
         flat = [b for t in tables for b in t + [self.scratch_block] * (width - len(t))]
         return flat + [0] * (len(flat) & 1), width
 
-    def _row_inputs(self, seqs: list[Sequence], size: int, with_ids: bool,
+    def _row_inputs(self, seqs: list[SeqState], size: int, with_ids: bool,
                     rows: list[tuple[int, list[int]]] | None) -> list[int]:
         """Context lengths, positions, slots, state slots (and token ids) of `size` rows of q
         tokens, laid out as a graph of that size reads them."""

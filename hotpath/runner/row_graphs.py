@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from hotpath.engine.sequence import Sequence
+from hotpath.runner.seq_state import SeqState
 from hotpath.ops.attention import decode_splits
 from hotpath.ops.sampling import greedy_sample
 from hotpath.runner.decode_inputs import DecodeInputs
@@ -93,7 +93,7 @@ class RowGraphs:
                     self.graphs[(size, ctx)] = self.capture(graph_forward(
                         self.model, self.inputs, size, ctx, logits_out=self.logits, keep_logits=False))
 
-    def run(self, seqs: list[Sequence], rows: list[tuple[int, list[int]]],
+    def run(self, seqs: list[SeqState], rows: list[tuple[int, list[int]]],
             prev: tuple[torch.Tensor, list[int]] | None = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """Replays the graph for these rows: seqs[i]'s tokens rows[i] = (first position, tokens),
         up to q of them (padded to q), or with `prev` one token read from prev's ids (see

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from hotpath.engine.sequence import Sequence
+from hotpath.runner.seq_state import SeqState
 
 EXPLORE_EVERY = 50  # decode steps before speculation is re-measured while it is off; doubled
 MAX_EXPLORE_EVERY = 800  # after each re-measurement that finds it still does not pay, up to this
@@ -61,7 +61,7 @@ class DraftLengthPolicy:
         self.exploring: int | None = None  # the bucket whose re-measurement this step is
         self.catch_up_cost: float | None = None  # seconds a token a drafter catches up on, running mean
 
-    def choose(self, seqs: list[Sequence], prefilling: bool = False, behind: int = 0) -> int:
+    def choose(self, seqs: list[SeqState], prefilling: bool = False, behind: int = 0) -> int:
         """The number of drafts this step's decoding sequences verify. `prefilling`: prompts
         may run beside them (a step that is not timed: nothing unmeasured is tried then);
         `behind`: the tokens the drafter would catch up on before drafting for them."""
@@ -130,18 +130,18 @@ class DraftLengthPolicy:
             steps = math.ceil((seconds - plain) / (EXPLORE_BUDGET * plain))
             self.explore_every[b] = max(self.explore_every[b], steps)
 
-    def record_acceptance(self, seq: Sequence, drafts: int, accepted: int) -> None:
+    def record_acceptance(self, seq: SeqState, drafts: int, accepted: int) -> None:
         """A verify row: `accepted` of `drafts` kept (a draft after a rejection is not tried)."""
         self._update(seq, accepted / min(drafts, accepted + 1))
 
-    def record_no_drafts(self, seq: Sequence) -> None:
+    def record_no_drafts(self, seq: SeqState) -> None:
         """Draft slots the drafter filled with nothing (no n-gram match): counted as a miss."""
         self._update(seq, 0.0)
 
-    def _update(self, seq: Sequence, rate: float) -> None:
+    def _update(self, seq: SeqState, rate: float) -> None:
         old = self.acceptance.get(seq.seq_id, self.prior)
         self.acceptance[seq.seq_id] = old + 0.3 * (rate - old)
         self.prior += EMA * (rate - self.prior)
 
-    def forget(self, seq: Sequence) -> None:
+    def forget(self, seq: SeqState) -> None:
         self.acceptance.pop(seq.seq_id, None)
