@@ -185,8 +185,9 @@ class MultiprocExecutor:
                     message = chan.recv()
                 except (ChannelError, OSError) as e:
                     self._fail(f"worker rank {r} stopped: {self._exit(r) or e}")
-                if "error" in message:
-                    self._fail(f"worker rank {r} failed:\n{message['error']}")
+                if "error" in message:  # the exception's own line first, then where it came from
+                    trace = message["error"].rstrip()
+                    self._fail(f"worker rank {r} failed: {trace.splitlines()[-1]}\n{trace}")
                 if r not in waiting:
                     self._fail(f"worker rank {r} sent {sorted(message)} unasked")
                 waiting.discard(r)

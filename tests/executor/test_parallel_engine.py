@@ -1,9 +1,9 @@
 """Tensor and expert parallelism through the whole engine on the CPU: worker processes joined in a
 gloo group, driven by the multi-process executor with step plans. Greedy output at tp = 2 and 4
 (and ep = 2, 4) equals the one-rank engine's token for token, with prefix caching, chunked
-prefill, preemption and speculative decoding on, on the tiny dense, MoE (an expert count that
-the ranks do not divide, a shared expert), hybrid (Gated DeltaNet, with its MTP head drafting)
-and AWQ models."""
+prefill, preemption and speculative decoding on (a draft model split with the target, n-gram
+lookups), on the tiny dense, MoE (an expert count that the ranks do not divide, a shared expert),
+hybrid (Gated DeltaNet, with its MTP head drafting) and AWQ models."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def generate(path: Path, **kwargs) -> tuple[list[list[int]], int]:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     out = {}
-    for name in ("qwen3-gqa8-untied-hd", "llama-mha-untied-llama3rope", "qwen3moe-e7-top3-sparse2",
+    for name in ("qwen3-gqa8-untied-hd", "qwen2-gqa4-tied", "llama-mha-untied-llama3rope", "qwen3moe-e7-top3-sparse2",
                  "qwen2moe-shared", "qwen3next-hybrid"):
         out[name] = tmp_path_factory.mktemp(name)
         make_tiny_model(name, out[name], mtp_layers=1 if "hybrid" in name else 0)
@@ -48,9 +48,11 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 CASES = [  # (model, engine settings besides SETTINGS, the ranks' settings)
-    ("qwen3-gqa8-untied-hd", dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3}),
-     dict(tensor_parallel_size=2)),  # one KV head: replicated on both ranks
-    ("llama-mha-untied-llama3rope", {}, dict(tensor_parallel_size=4)),
+    # one KV head, replicated on both ranks; the draft model (qwen2-gqa4-tied) split with the target
+    ("qwen3-gqa8-untied-hd", dict(speculative_config={"method": "draft_model", "num_speculative_tokens": 3}),
+     dict(tensor_parallel_size=2)),
+    ("llama-mha-untied-llama3rope", dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3}),
+     dict(tensor_parallel_size=4)),
     ("qwen3moe-e7-top3-sparse2", {}, dict(tensor_parallel_size=2)),
     ("qwen3moe-e7-top3-sparse2", {}, dict(tensor_parallel_size=2, enable_expert_parallel=True)),  # 4 + 3 experts
     ("qwen2moe-shared", {}, dict(tensor_parallel_size=4, enable_expert_parallel=True)),
@@ -62,6 +64,9 @@ CASES = [  # (model, engine settings besides SETTINGS, the ranks' settings)
 
 @pytest.mark.parametrize("name,settings,ranks", CASES, ids=lambda v: v if isinstance(v, str) else None)
 def test_parallel_engine_matches_one_rank(models, name, settings, ranks):
+    spec = settings.get("speculative_config")
+    if spec is not None and spec["method"] == "draft_model":
+        settings = dict(settings, speculative_config=dict(spec, model=str(models["qwen2-gqa4-tied"])))
     want, preempted = generate(models[name], **settings)
     assert preempted  # the cases exercise preemption (and chunking, prefix hits) at one rank too
     got, _ = generate(models[name], **settings, **ranks)
