@@ -123,7 +123,11 @@ class MultiprocExecutor:
             sock.settimeout(None)
             self.channels[rank] = chan
         self._listener.close()  # every rank is here: nobody else may connect
-        return WorkerInfo(**self._gather(range(self.size), deadline)[0]["ready"])
+        infos = [WorkerInfo(**m["ready"]) for m in self._gather(range(self.size), deadline).values()]
+        # each rank sized its caches from its own free memory: the engine hands out what all have
+        return replace(infos[0], num_blocks=min(i.num_blocks for i in infos),
+                       num_state_slots=min(i.num_state_slots for i in infos),
+                       num_snapshots=min(i.num_snapshots for i in infos))
 
     # ---- the executor's calls -----------------------------------------------------------
     def launch(self, plan: StepPlan) -> int:
