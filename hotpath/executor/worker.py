@@ -47,7 +47,7 @@ class Worker:
             )
         self.drafter = None
         if spec is not None and spec.method != "ngram":
-            from hotpath.speculative.drafters import make_drafter
+            from hotpath.speculative.model_drafters import make_drafter
 
             self.drafter = make_drafter(spec, self.runner, resolved.config.max_num_batched_tokens)
         self.seqs: dict[int, SeqState] = {}

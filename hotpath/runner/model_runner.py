@@ -60,7 +60,7 @@ class ModelRunner(MemoryBudget, BatchBuilding, HybridState, Verify, DecodeGraphs
             model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed
         )
         # speculative decoding's draft model: its K/V blocks are the target's block ids in
-        # tensors of its own, sized and allocated with the target's (speculative/drafters.py)
+        # tensors of its own, sized and allocated with the target's (speculative/model_drafters.py)
         self.draft_model = None if draft is None else load_model(
             draft[0], draft[1], load_format, device, dtype, engine_config.max_model_len, seed + 1)
         # speculative decoding's multi-token-prediction head (models/mtp.py): the checkpoint's

@@ -1,5 +1,5 @@
 """Speculative decoding with the checkpoint's multi-token-prediction head (method "mtp";
-speculative/drafters.MtpDrafter, models/mtp.py) on Qwen3-Next's and Qwen3.5's tiny models with an
+speculative/model_drafters.MtpDrafter, models/mtp.py) on Qwen3-Next's and Qwen3.5's tiny models with an
 `mtp.*` head in the published layout: greedy output equals it without speculation, token for
 token, together, through chunked prefill, preemption and prefix-cache hits; the head's drafts after
 catching up step by step (prefill chunks, decodes, verify rows' kept tokens) are the head's guess
