@@ -279,8 +279,8 @@ class SparseMoeBlock(nn.Module):
         if self.tp_size > 1:  # its end adds into the residual, which needs the ranks' sum first
             return False
         # only with a shared expert: there the fused form saves its three element-wise ops; a
-        # routed-only block's has as many launches as the plain path's and measured 2.4% slower
-        # on Qwen3-30B-A3B at batch 1 (2.488 ms against 2.429)
+        # routed-only block's has as many launches as the plain path's and measured slower
+        # (docs/decisions.md, MoE)
         if self.shared_expert is None or not self.shared_expert.fuses(x):
             return False
         return x.shape[0] <= FEW_TOKENS and self.gate.fuses(x)
