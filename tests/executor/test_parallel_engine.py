@@ -3,13 +3,14 @@ gloo group, driven by the multi-process executor with step plans. Greedy output 
 (and ep = 2, 4) equals the one-rank engine's token for token, with prefix caching, chunked
 prefill, preemption and speculative decoding on (a draft model split with the target, n-gram
 lookups), on the tiny dense, MoE (an expert count that the ranks do not divide, a shared expert),
-hybrid (Gated DeltaNet, with its MTP head drafting) and AWQ models."""
+hybrid (Gated DeltaNet, with its MTP head drafting), AWQ and fp8 block-scaled models."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from hotpath import LLM, SamplingParams
 from hotpath.quantizer.quantize import QuantizeOptions, quantize
@@ -44,6 +45,16 @@ def models(tmp_path_factory) -> dict[str, Path]:
     out["awq"] = quantize(str(out["llama-mha-untied-llama3rope"]), tmp_path_factory.mktemp("awq") / "q",
                           QuantizeOptions(method="awq", group_size=16, calibration="random", num_samples=2,
                                           seq_len=16, clip=False, scale_search=False))
+    # fp8 block scales: a rank's k / v width (64 at tp 2) is not a multiple of the 128-row block
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    source = tmp_path_factory.mktemp("fp8-source")
+    Qwen3ForCausalLM(Qwen3Config(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=64, vocab_size=512, tie_word_embeddings=False,
+        max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)).save_pretrained(source)
+    out["fp8-block"] = quantize(str(source), tmp_path_factory.mktemp("fp8") / "q", QuantizeOptions(method="fp8-block"))
     return out
 
 
@@ -59,6 +70,7 @@ CASES = [  # (model, engine settings besides SETTINGS, the ranks' settings)
     ("qwen3next-hybrid", dict(speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
      dict(tensor_parallel_size=2)),
     ("awq", {}, dict(tensor_parallel_size=2)),
+    ("fp8-block", {}, dict(tensor_parallel_size=2)),
 ]
 
 
