@@ -43,7 +43,7 @@ class InFlight:
 class Engine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
-        r = self.resolved = resolve(args)
+        r = resolve(args)
         self.device, self.model_dir, self.model_config, self.config = r.device, r.model_dir, r.model_config, r.config
         self.dtype = r.dtype
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer or r.model_dir)

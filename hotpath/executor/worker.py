@@ -36,7 +36,6 @@ class WorkerInfo:
 
 class Worker:
     def __init__(self, resolved: Resolved, parallel: Parallel = SINGLE) -> None:
-        self.resolved = resolved
         spec = resolved.spec
         with building_parallel(parallel):
             self.runner = ModelRunner(
