@@ -46,7 +46,7 @@ class ModelConfig:
     architecture: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int  # the dense MLP's (of every layer, or of an MoE model's dense layers)
+    intermediate_size: int  # the dense MLP's (of every layer, or of an MoE model's dense layers; 0: none)
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -91,7 +91,8 @@ class ModelConfig:
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
+            # absent from configs whose every MLP is sparse (transformers' Qwen3_5MoeTextConfig)
+            intermediate_size=cfg.get("intermediate_size") or 0,
             num_hidden_layers=cfg["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
@@ -107,7 +108,11 @@ class ModelConfig:
             eos_token_id=eos,
             bos_token_id=cfg.get("bos_token_id"),
         )
-        return cls(**{**fields, **family})
+        config = cls(**{**fields, **family})
+        moe = config.moe
+        if not config.intermediate_size and (moe is None or len(moe.sparse_layers) < config.num_hidden_layers):
+            raise ValueError(f"config.json has no intermediate_size, which {arch}'s dense MLP layers need")
+        return config
 
     def default_dtype(self, device: torch.device) -> torch.dtype:
         """dtype="auto": the checkpoint's dtype on GPUs (fp32 checkpoints run in bf16 there, as
