@@ -22,6 +22,7 @@ from hotpath.layers.forward_batch import ForwardBatch
 from hotpath.layers.gated_delta import GatedDeltaNet
 from hotpath.loader.model_loader import load_model, load_mtp
 from hotpath.models.registry import read_config
+from paged_step import paged_step
 from spawn import run_cases
 from tiny_models import make_tiny_model
 
@@ -35,23 +36,7 @@ MAX_POSITIONS = 64
 
 def step(rows: list[tuple[int, int]]) -> tuple[torch.Tensor, ForwardBatch]:
     """Positions and batch of a step in which sequence i brings rows[i] = (start, n) tokens."""
-    cu, kv_slots, positions = [0], [], []
-    for (start, n), table in zip(rows, TABLES):
-        cu.append(cu[-1] + n)
-        for p in range(start, start + n):
-            positions.append(p)
-            kv_slots.append(table[p // BLOCK] * BLOCK + p % BLOCK)
-    i32 = torch.int32
-    batch = ForwardBatch(
-        cu_query_lens=torch.tensor(cu, dtype=i32),
-        context_lens=torch.tensor([s + n for s, n in rows], dtype=i32),
-        block_tables=torch.tensor(TABLES, dtype=i32),
-        slot_mapping=torch.tensor(kv_slots, dtype=torch.int64),
-        logits_indices=torch.tensor([c - 1 for c in cu[1:]], dtype=torch.int64),
-        max_query_len=max(n for _, n in rows), max_context_len=max(s + n for s, n in rows),
-        state_slots=torch.tensor(SLOTS, dtype=torch.int64), cu_query_lens_host=cu,
-    )
-    return torch.tensor(positions, dtype=torch.int64), batch
+    return paged_step(rows, TABLES, BLOCK, SLOTS)
 
 
 # prefill (7 and 5 tokens from position 0), a chunk after them, then three decode steps
