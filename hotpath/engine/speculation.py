@@ -27,8 +27,8 @@ class WorkerDrafter(Drafter):
     def propose(self, seqs: list[Sequence], slots: list[int]) -> None:
         drafts = self.executor.propose(self.plans.plan([(seq, 1 + k) for seq, k in zip(seqs, slots)]))
         for seq in seqs:
-            seq.draft_token_ids, seq.num_draft_computed = drafts[seq.seq_id]
-            seq.draft_token_ids = list(seq.draft_token_ids)
+            tokens, seq.num_draft_computed = drafts[seq.seq_id]
+            seq.draft_token_ids = list(tokens)
 
     def behind(self, seqs: list[Sequence]) -> int:
         return sum(seq.num_tokens - seq.num_draft_computed for seq in seqs) if self.counts_behind else 0
