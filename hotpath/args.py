@@ -49,6 +49,14 @@ class EngineArgs:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free port (one node only)
+    # image-text models (vLLM's names): serve the text model alone; the most images / videos a
+    # prompt may carry ({"image": 5, "video": 1} or its JSON text); the processor's settings
+    # (min_pixels, max_pixels, fps); where local files and URLs may be read from
+    language_model_only: bool = False
+    limit_mm_per_prompt: dict | str | None = None
+    mm_processor_kwargs: dict | str | None = None
+    allowed_local_media_path: str | None = None
+    allowed_media_domains: list[str] | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -144,6 +152,23 @@ class EngineArgs:
         p.add_argument("--master-port", type=int, default=None,
                        help="the rendezvous port on --master-addr (the control channel takes the "
                             "next port); default: a free port, one node only")
+
+        m = parser.add_argument_group("multimodal")
+        m.add_argument("--language-model-only", action="store_true",
+                       help="image-text models: load and serve the text model only (no vision "
+                            "tower; images and videos are refused)")
+        m.add_argument("--limit-mm-per-prompt", default=None,
+                       help='the most images and videos one prompt may carry, as JSON: '
+                            '{"image": 5, "video": 1} (default: 16 images, 2 videos)')
+        m.add_argument("--mm-processor-kwargs", default=None,
+                       help='image and video preprocessing settings, as JSON: {"min_pixels": 3136, '
+                            '"max_pixels": 1003520, "fps": 2} (default: the checkpoint\'s '
+                            'preprocessor_config.json)')
+        m.add_argument("--allowed-local-media-path", default=None,
+                       help="a directory whose files requests may name (file: URLs, paths); "
+                            "default: none, local files are refused")
+        m.add_argument("--allowed-media-domains", nargs="+", default=None,
+                       help="hosts that http(s) image and video URLs may name (default: any)")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

@@ -41,6 +41,23 @@ class LinearAttentionConfig:
     conv_width: int  # the causal conv1d's kernel size
 
 
+@dataclass(frozen=True)
+class MultiModalConfig:
+    """The vision side of an image-text checkpoint (Qwen3-VL, Qwen3.5): the placeholder tokens
+    the processor expands, the tower's config.json section (parsed by hotpath/models/vision.py)
+    and the text model's mRoPE sections."""
+
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+    vision_config: dict[str, Any]
+    mrope_section: tuple[int, int, int]  # rotary frequencies for (t, h, w), interleaved
+    spatial_merge_size: int  # the tower merges merge x merge patches into one token
+    # the most visual tokens one step holds (the engine's max_num_batched_tokens, set by resolve)
+    max_step_tokens: int = 8192
+
+
 @dataclass
 class ModelConfig:
     architecture: str
@@ -72,6 +89,7 @@ class ModelConfig:
     # the linear layers' format (a hotpath.layers.quant QuantConfig), from the checkpoint's
     # quantization_config or `quantization=`; set by the engine (read_quant_config), None: 16-bit
     quantization: Any = None
+    multimodal: MultiModalConfig | None = None  # None: a text-only model (or --language-model-only)
 
     @classmethod
     def common(cls, arch: str, cfg: dict[str, Any], **family: Any) -> ModelConfig:

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
+from hotpath.multimodal.chat import extract_media
 from hotpath.outputs import RequestOutput
 from hotpath.sampling_params import SamplingParams
 
@@ -50,12 +51,9 @@ class LLM:
                 raise ValueError(
                     f"got {len(prompts)} prompts but {len(params_list)} sampling params"
                 )
-        # tokenize and check every prompt before queueing any, so bad input leaves nothing behind
-        tokenized = []
-        for prompt in prompts:
-            text, token_ids = self.engine.tokenize_prompt(prompt)
-            tokenized.append({"prompt": text, "prompt_token_ids": token_ids})
-        prompts = tokenized
+        # tokenize (and preprocess images) and check every prompt before queueing any, so bad
+        # input leaves nothing behind
+        prompts = [self.engine.process_prompt(prompt) for prompt in prompts]
         ids = []
         try:
             for prompt, params in zip(prompts, params_list):
@@ -76,12 +74,18 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """Applies the tokenizer's chat template to each conversation, then generates."""
+        """Applies the tokenizer's chat template to each conversation, then generates. Content
+        parts may carry images and videos (`image_url`, `video_url`, as OpenAI's and vLLM's
+        chat APIs take them) for an image-text model."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            {"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs)}
-            for c in conversations
-        ]
+        prompts = []
+        for conversation in conversations:
+            conversation, media = extract_media(conversation)
+            prompt: dict = {"prompt_token_ids": self.apply_chat_template(
+                conversation, add_generation_prompt, chat_template_kwargs)}
+            if media:
+                prompt["multi_modal_data"] = media
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(

@@ -6,7 +6,7 @@ the same code."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -57,6 +57,8 @@ def resolve(args: EngineArgs) -> Resolved:
             f"max_model_len {max_model_len} is larger than the model's "
             f"max_position_embeddings ({max_positions}): positions past it were never trained"
         )
+    if args.language_model_only:
+        model_config.multimodal = None
     config = EngineConfig(
         max_model_len=max_model_len,
         block_size=args.block_size,
@@ -69,6 +71,8 @@ def resolve(args: EngineArgs) -> Resolved:
         state_snapshot_stride=args.state_snapshot_stride,
         kv_cache_dtype=args.kv_cache_dtype,
     )
+    if model_config.multimodal is not None:  # the RoPE table's rows for one step's visual tokens
+        model_config.multimodal = replace(model_config.multimodal, max_step_tokens=config.max_num_batched_tokens)
     spec = SpeculativeConfig.parse(args.speculative_config)
     draft = None
     if spec is not None and spec.method == "draft_model":

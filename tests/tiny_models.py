@@ -58,6 +58,35 @@ TINY_CONFIGS = {
     "qwen3_5-moe": ("Qwen3_5MoeTextConfig", dict(
         _QWEN3_5, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=5,
         num_experts_per_tok=2, tie_word_embeddings=False)),
+    # image-text models with their vision towers (placeholder ids inside the tiny vocabulary):
+    # Qwen3-VL with DeepStack after two of three tower layers, its MoE with fused experts in the
+    # published layout, Qwen3.5 dense and MoE (no DeepStack); mRoPE sections of a 16-wide rotary
+    "qwen3vl": ("Qwen3VLConfig", dict(
+        text_config=dict(_VL_TEXT := dict(
+            hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})),
+        vision_config=dict(_VL_VISION := dict(
+            depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+            num_position_embeddings=16), deepstack_visual_indexes=[0, 1]),
+        **(_VL_IDS := dict(image_token_id=500, video_token_id=501, vision_start_token_id=502,
+                           vision_end_token_id=503)),
+        model_class="Qwen3VLForConditionalGeneration")),
+    "qwen3vl-moe": ("Qwen3VLMoeConfig", dict(
+        text_config=dict(_VL_TEXT, moe_intermediate_size=40, num_experts=5, num_experts_per_tok=2),
+        vision_config=dict(_VL_VISION, deepstack_visual_indexes=[1]), **_VL_IDS,
+        model_class="Qwen3VLMoeForConditionalGeneration")),
+    "qwen3_5-vl": ("Qwen3_5Config", dict(
+        text_config=dict(_QWEN3_5, head_dim=32, tie_word_embeddings=False, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+        vision_config=_VL_VISION, **_VL_IDS, model_class="Qwen3_5ForConditionalGeneration")),
+    "qwen3_5moe-vl": ("Qwen3_5MoeConfig", dict(
+        text_config=dict(_QWEN3_5, head_dim=32, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                         num_experts=5, num_experts_per_tok=2, tie_word_embeddings=False, rope_parameters={
+                             "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                             "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+        vision_config=_VL_VISION, **_VL_IDS, model_class="Qwen3_5MoeForConditionalGeneration")),
     "qwen3_5-image-text": ("Qwen3_5Config", dict(
         text_config=dict(_QWEN3_5, tie_word_embeddings=False),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64),

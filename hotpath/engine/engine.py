@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from hotpath.args import EngineArgs
 from hotpath.engine.kv_cache import KVCacheManager
+from hotpath.engine.mm_inputs import MultiModalInputs
 from hotpath.engine.plans import PlanBuilder
 from hotpath.engine.prompts import eos_token_ids, load_tokenizer, tokenize_prompt
 from hotpath.engine.request_outputs import Request, append_token, make_output
@@ -22,6 +23,7 @@ from hotpath.engine.sequence import Sequence, SequenceStatus
 from hotpath.engine.speculation import Speculation
 from hotpath.engine.state_snapshots import StateSnapshots
 from hotpath.executor import make_executor
+from hotpath.multimodal.inputs import ProcessedPrompt
 from hotpath.outputs import RequestOutput
 from hotpath.resolve import resolve
 from hotpath.runner.plan import decode_graph_size
@@ -83,6 +85,7 @@ class Engine:
         self._in_flight: InFlight | None = None
         self._seq_ids = itertools.count()
         self.eos_token_ids = eos_token_ids(r.model_dir, r.model_config, self.tokenizer)
+        self.mm_inputs = MultiModalInputs(r.model_config, r.model_dir, self.tokenizer, args)
         logger.info("hotpath engine: %s on %s (%s), KV cache %d tokens", r.model_dir, self.device,
                     str(self.dtype).removeprefix("torch."), capacity)
 
@@ -101,7 +104,8 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        text, token_ids = self.tokenize_prompt(prompt)
+        processed = self.process_prompt(prompt)
+        text, token_ids = processed.prompt, processed.prompt_token_ids
         max_len = self.config.max_model_len
         if len(token_ids) >= max_len:
             raise ValueError(f"prompt is {len(token_ids)} tokens, but max_model_len is {max_len}: "
@@ -111,14 +115,24 @@ class Engine:
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
         seqs = [Sequence(seq_id=next(self._seq_ids), request_id=request_id, index=i,
                          prompt_token_ids=list(token_ids), params=params, max_tokens=max_tokens,
-                         stop_token_ids=stop_ids) for i in range(params.n)]
+                         stop_token_ids=stop_ids, mm_items=processed.mm_items) for i in range(params.n)]
         arrival = time.monotonic() if arrival_time is None else arrival_time
         self.requests[request_id] = Request(request_id, text, list(token_ids), params, seqs, arrival)
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def tokenize_prompt(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
-        return tokenize_prompt(self.tokenizer, self.model_config.vocab_size, prompt)
+    def process_prompt(self, prompt: str | list[int] | dict | ProcessedPrompt) -> ProcessedPrompt:
+        """A prompt as the engine takes it: token ids and, for an image-text model, its images
+        and videos preprocessed (a prompt dict's `multi_modal_data`); ValueError for what
+        cannot be a prompt of this model."""
+        if isinstance(prompt, ProcessedPrompt):  # preprocessed already (the server's front end)
+            if prompt.mm_items:
+                self.mm_inputs.check_items(prompt.mm_items)
+            return prompt
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data"):
+            return self.mm_inputs.process(prompt)
+        text, token_ids = tokenize_prompt(self.tokenizer, self.model_config.vocab_size, prompt)
+        return ProcessedPrompt(text, token_ids, [])
 
     def abort_request(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

@@ -31,8 +31,19 @@ class Block:
     token_ids: tuple[int, ...] = ()
 
 
-def _chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+def _chain_hash(parent_hash: int | None, token_ids: tuple[int | str, ...]) -> int:
     return hash((parent_hash, token_ids))
+
+
+def block_key(seq: Sequence, tokens: list[int], i: int, block_size: int) -> tuple[int | str, ...]:
+    """What identifies block i of seq's tokens: its token ids and, where it holds image or video
+    placeholders, those items' content hashes (the same placeholders stand for any image)."""
+    lo, hi = i * block_size, (i + 1) * block_size
+    key = tuple(tokens[lo:hi])
+    if seq.mm_items:
+        key += tuple(item.content_hash for item in seq.mm_items
+                     if any(off < hi and lo < off + n for off, n in item.spans))
+    return key
 
 
 class KVCacheManager:
@@ -71,7 +82,7 @@ class KVCacheManager:
         hits: list[int] = []
         parent: int | None = None
         for i in range((len(tokens) - 1) // bs):
-            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            chunk = block_key(seq, tokens, i, bs)
             h = _chain_hash(parent, chunk)
             block_id = self.cached.get(h)
             if block_id is None:
@@ -144,7 +155,7 @@ class KVCacheManager:
         for i in range(len(seq.block_hashes), min(seq.num_computed_tokens, seq.num_known_tokens) // bs):
             if tokens is None:
                 tokens = seq.all_token_ids
-            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            chunk = block_key(seq, tokens, i, bs)
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             h = _chain_hash(parent, chunk)
             seq.block_hashes.append(h)

@@ -27,7 +27,8 @@ class PlanBuilder:
             if not seq.on_workers:
                 seed = None if seq.params.seed is None else seq.params.seed + seq.index
                 new.append(NewSeq(seq.seq_id, seq.prompt_token_ids, seq.output_token_ids, seq.params,
-                                  seq.max_tokens, sorted(seq.stop_token_ids), seed, seq.num_pending_tokens))
+                                  seq.max_tokens, sorted(seq.stop_token_ids), seed, seq.num_pending_tokens,
+                                  seq.mm_items))
                 seq.on_workers, seq.num_blocks_sent = True, 0
             sent = seq.num_blocks_sent
             rows.append(RowPlan(seq.seq_id, n, seq.num_computed_tokens, sent, seq.block_table[sent:],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from hotpath.distributed.parallel_state import SINGLE, Parallel, building_parallel
+from hotpath.multimodal.positions import MropeLayout
 from hotpath.resolve import Resolved
 from hotpath.runner.model_runner import ModelRunner
 from hotpath.runner.step_types import LaunchedStep
@@ -93,10 +94,15 @@ class Worker:
             gen = torch.Generator(device=self.runner.device).manual_seed(new.seed)
             self.generators[new.seq_id] = gen
         # the prompt list is shared, never copied: no side changes a prompt (the outputs are each side's)
-        return SeqState(seq_id=new.seq_id, prompt_token_ids=new.prompt_token_ids,
-                        output_token_ids=list(new.output_token_ids), params=new.params,
-                        num_pending_tokens=new.num_pending_tokens,
-                        max_tokens=new.max_tokens, stop_token_ids=set(new.stop_token_ids), generator=gen)
+        state = SeqState(seq_id=new.seq_id, prompt_token_ids=new.prompt_token_ids,
+                         output_token_ids=list(new.output_token_ids), params=new.params,
+                         num_pending_tokens=new.num_pending_tokens, max_tokens=new.max_tokens,
+                         stop_token_ids=set(new.stop_token_ids), generator=gen, mm_items=new.mm_items)
+        mm = self.runner.model_config.multimodal
+        if new.mm_items and mm is not None:
+            state.mrope = MropeLayout(new.mm_items, mm.spatial_merge_size)
+            state.rope_delta = state.mrope.rope_delta
+        return state
 
     # ---- the executor's calls -----------------------------------------------------------
     def launch(self, plan: StepPlan) -> int:

@@ -83,13 +83,14 @@ class Attention(nn.Module):
         k_norm_weight: torch.Tensor | None,
         eps: float,
         batch: ForwardBatch,
+        positions_apart: bool = False,  # mRoPE: positions are not the cache positions
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Optional QK-norm, RoPE, this step's k and v into the cache, then attention (one
         kernel for decode steps on the GPU; see ops/attention.rope_and_paged_attention)."""
         if batch.split is not None:  # a mixed step: decode and prefill parts apart
             n, few, rest = batch.split
             parts = [self.rope_and_attend(q[a:b], k[a:b], v[a:b], positions[a:b], cos_sin_cache,
-                                          q_norm_weight, k_norm_weight, eps, part)
+                                          q_norm_weight, k_norm_weight, eps, part, positions_apart)
                      for a, b, part in ((0, n, few), (n, q.shape[0], rest))]
             return torch.cat(parts)
         k_cache, v_cache = self.caches()
@@ -102,6 +103,7 @@ class Attention(nn.Module):
             q, k, v, positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
             q_norm_weight, k_norm_weight, eps, batch.cu_query_lens, batch.context_lens,
             batch.block_tables, self.scale, batch.max_query_len, batch.max_context_len, **scales,
+            positions_apart=positions_apart,
         )
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,6 +188,7 @@ class SelfAttention(nn.Module):
             qk_norm = (None, None, 0.0)
         # QK-norm, RoPE and this step's k/v into the cache, fused with the attention itself for
         # decode steps on the GPU
-        out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch)
+        out = self.attn.rope_and_attend(q, k, v, positions, self.rotary.cos_sin_cache, *qk_norm, batch,
+                                        positions_apart=self.rotary.mrope_rows > 0)
         out = out.reshape(-1, self.q_size)
         return out if gate is None else out * torch.sigmoid(gate)

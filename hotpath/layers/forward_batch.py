@@ -19,6 +19,17 @@ import torch
 
 
 @dataclass
+class VisualEmbeds:
+    """What a step's visual placeholder tokens take from the vision tower (Qwen3-VL, Qwen3.5):
+    their embeddings replace the token embeddings, and each DeepStack feature is added to their
+    hidden states after the layer of its index (Qwen3-VL; none for Qwen3.5)."""
+
+    rows: torch.Tensor  # [K] int64, the placeholder tokens' rows in the flat batch
+    embeds: torch.Tensor  # [K, hidden]
+    deepstack: list[torch.Tensor]  # each [K, hidden]
+
+
+@dataclass
 class ForwardBatch:
     cu_query_lens: torch.Tensor  # [num_seqs + 1] int32, query offsets into the flat token batch
     context_lens: torch.Tensor  # [num_seqs] int32, cached tokens + this step's tokens
@@ -40,6 +51,7 @@ class ForwardBatch:
     # host, and their tokens' rows in the flat batch, back to back, on the device
     verify_rows: list[int] | None = None
     verify_tokens: torch.Tensor | None = None
+    visual: VisualEmbeds | None = None  # image and video tokens in this step (multimodal models)
 
     @property
     def num_seqs(self) -> int:

@@ -91,17 +91,48 @@ def rope_inv_freq(
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds the cos/sin table; the attention layer applies it (fused with QK-norm and the KV write)."""
+    """Holds the cos/sin table; the attention layer applies it (fused with QK-norm and the KV write).
+
+    With `mrope` = ((t, h, w) sections, rows) (Qwen3-VL, Qwen3.5) a token's three position ids
+    (time, height, width) pick the angle of each frequency: interleaved, frequency j takes the
+    h id where j % 3 == 1 and j < 3 * h, the w id where j % 3 == 2 and j < 3 * w, else the t id.
+    Text has three equal ids, which is plain RoPE at that id: the table serves it as it is. The
+    visual tokens of a step get rows of their own past the table (`write_mrope_rows`), so every
+    kernel still reads one row per token."""
 
     def __init__(
-        self, head_dim: int, rope: dict[str, Any], max_positions: int, max_position_embeddings: int
+        self, head_dim: int, rope: dict[str, Any], max_positions: int, max_position_embeddings: int,
+        mrope: tuple[tuple[int, int, int], int] | None = None,
     ) -> None:
         super().__init__()
         rotary_dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
         inv_freq, scaling = rope_inv_freq(rope, rotary_dim, max_position_embeddings)
         inv_freq = inv_freq.to(torch.get_default_device())
-        positions = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
-        freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, rotary_dim // 2]
-        # [max_positions, rotary_dim], kept in fp32 whatever the model dtype
+        self.max_positions = max_positions
+        extra = 0 if mrope is None else mrope[1]
+        positions = torch.arange(max_positions + extra, dtype=torch.float32, device=inv_freq.device)
+        freqs = positions[:, None] * inv_freq[None, :]  # [max_positions + extra, rotary_dim // 2]
+        # [max_positions + extra, rotary_dim], kept in fp32 whatever the model dtype
         cache = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.mrope_rows = extra
+        if mrope is not None:
+            t, h, w = mrope[0]
+            j = torch.arange(rotary_dim // 2)
+            axis = torch.zeros_like(j)  # [rotary_dim // 2]: which of (t, h, w) each frequency reads
+            axis[(j % 3 == 1) & (j < 3 * h)] = 1
+            axis[(j % 3 == 2) & (j < 3 * w)] = 2
+            self.register_buffer("mrope_axis", axis.to(inv_freq.device), persistent=False)
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
+            self.scaling = scaling
+
+    def write_mrope_rows(self, thw: torch.Tensor) -> None:
+        """thw [K, 3] int64 (t, h, w) position ids of a step's visual tokens, on the table's device:
+        their cos/sin go to rows max_positions .. max_positions + K - 1, which the step's
+        positions name."""
+        k = thw.shape[0]
+        assert k <= self.mrope_rows, f"{k} visual tokens in a step, room for {self.mrope_rows}"
+        ids = thw.gather(1, self.mrope_axis[None, :].expand(k, -1))  # [K, rotary_dim // 2]
+        freqs = ids.float() * self.inv_freq[None, :]
+        rows = self.cos_sin_cache[self.max_positions : self.max_positions + k]
+        rows.copy_(torch.cat((freqs.cos() * self.scaling, freqs.sin() * self.scaling), dim=-1))

@@ -80,7 +80,7 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
-from hotpath.models.decoder import CausalLM, CheckpointLoading, DecoderLayer, add_norm, reducing_group
+from hotpath.models.decoder import CausalLM, CheckpointLoading, DecoderLayer, add_norm, reducing_group, rotary_table
 from hotpath.layers.forward_batch import ForwardBatch
 
 MTP_PREFIX = "mtp."
@@ -112,7 +112,7 @@ class MtpHead(CheckpointLoading, nn.Module):
         # replicated under tp: the layer's input norm and residual need the whole of x on every
         # rank, and fc is one [H, 2H] projection a step
         self.fc = Linear(2 * H, [H], parallel="replicated")
-        rotary = _target_rotary(target) or RotaryEmbedding(cfg.head_dim, cfg.rope, max_positions,
+        rotary = rotary_table(target) or RotaryEmbedding(cfg.head_dim, cfg.rope, max_positions,
                                                           cfg.max_position_embeddings)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, *CausalLM.make_mixer(target, cfg, rotary, i), target.make_mlp(cfg, i))
@@ -184,11 +184,3 @@ def split_fused_experts(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator
                 yield f"{base}{e}.down_proj.weight", tensor[e]
         else:
             yield name, tensor
-
-
-def _target_rotary(target: nn.Module) -> RotaryEmbedding | None:
-    """The target's RoPE table (its full-attention layers'), shared rather than built again."""
-    for module in target.modules():
-        if isinstance(module, SelfAttention):
-            return module.rotary
-    return None

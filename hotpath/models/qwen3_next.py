@@ -2,14 +2,12 @@
 layers/gated_delta.py) interleaved with gated full attention; Qwen3-Next and the Qwen3.5 MoE
 models with the shared-expert MoE block of Qwen2-MoE, the dense Qwen3.5 models with a gated MLP.
 
-The released Qwen3.5 checkpoints are the multimodal `Qwen3_5ForConditionalGeneration` /
-`Qwen3_5MoeForConditionalGeneration`: their text model is served (its config under `text_config`,
-its weights under `model.language_model.`); the vision tower's weights are skipped with one log
-line. Every checkpoint of the family may carry a multi-token-prediction head (`mtp.*`, at the top
+The released Qwen3.5 checkpoints are the image-text `Qwen3_5ForConditionalGeneration` /
+`Qwen3_5MoeForConditionalGeneration` (hotpath/models/qwen_vl.py), around these. Every checkpoint of the family may carry a multi-token-prediction head (`mtp.*`, at the top
 level in all of them): the target skips it with one log line, and `hotpath.models.mtp` builds it
 on its own when speculative decoding asks for it (method "mtp"). Qwen3.5 rotates positions with
 mRoPE, whose three position ids are equal for text: its frequencies then recompose into plain
-RoPE, so text is served with 1-D RoPE (the HF parity test is the check).
+RoPE, so the text-only checkpoints are served with 1-D RoPE (the HF parity test is the check).
 
 Its layers follow `layer_types` (or every `full_attention_interval`-th layer is full attention, the
 rest linear). The full-attention layers emit a sigmoid gate on their output from q_proj, rotate a
@@ -111,34 +109,3 @@ class Qwen3_5ForCausalLM(Qwen3_5MoeForCausalLM):
 
     def make_mlp(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
-
-
-class _MultimodalCheckpoint:
-    """The text model of a Qwen3.5 image-text checkpoint (see the module docstring)."""
-
-    _SKIPPED: ClassVar[dict[str, tuple[str, str]]] = {
-        "model.visual.": ("vision tower", "not served yet"), **Qwen3NextForCausalLM._SKIPPED}
-
-    @classmethod
-    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
-        text = dict(hf.get("text_config") or {})
-        if not text:
-            raise ValueError(f"{arch} config.json has no text_config")
-        if "tie_word_embeddings" in hf:  # the composite model's setting, which HF's tying follows
-            text["tie_word_embeddings"] = hf["tie_word_embeddings"]
-        for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype", "mtp_num_hidden_layers"):
-            if key in hf and key not in text:
-                text[key] = hf[key]
-        return super().config_from_hf(arch, text)
-
-    def checkpoint_name(self, name: str) -> str | None:
-        name = super().checkpoint_name(name)
-        return None if name is None else name.replace("model.language_model.", "model.", 1)
-
-
-class Qwen3_5ForConditionalGeneration(_MultimodalCheckpoint, Qwen3_5ForCausalLM):
-    pass
-
-
-class Qwen3_5MoeForConditionalGeneration(_MultimodalCheckpoint, Qwen3_5MoeForCausalLM):
-    pass

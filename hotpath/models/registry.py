@@ -10,20 +10,21 @@ from typing import Any
 from hotpath.config import ModelConfig
 from hotpath.models.decoder import CausalLM
 from hotpath.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from hotpath.models.qwen3_next import (
-    Qwen3_5ForCausalLM,
-    Qwen3_5ForConditionalGeneration,
-    Qwen3_5MoeForCausalLM,
-    Qwen3_5MoeForConditionalGeneration,
-    Qwen3NextForCausalLM,
-)
+from hotpath.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM
 from hotpath.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from hotpath.models.qwen_vl import (
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeForConditionalGeneration,
+)
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     cls.__name__: cls
     for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM,
                 Qwen3MoeForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
-                Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration)
+                Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration,
+                Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration)
 }
 
 # config.json files without "architectures" name their model_type only
@@ -31,7 +32,8 @@ _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3
                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                 "qwen3_next": "Qwen3NextForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
                 "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM", "qwen3_5": "Qwen3_5ForConditionalGeneration",
-                "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
+                "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration",
+                "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration"}
 
 
 def get_model_class(architecture: str) -> type[CausalLM]:

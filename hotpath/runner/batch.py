@@ -58,11 +58,22 @@ class BatchBuilding:
         context_lens: list[int] = []
         logits_indices: list[int] = []
         bs = self.block_size
+        visual_rows: list[tuple[SeqState, int, int, int]] = []  # rows holding visual tokens
+        thw: list[tuple[int, int, int]] = []  # their mRoPE ids, in the rows past the RoPE table
         for r in order:
             seq, start, tokens, num_logits = rows[r]
             end = start + len(tokens)
+            if state and seq.mrope is not None:  # the model's own step (not a draft model's)
+                ids, visual = seq.mrope.positions(start, end)
+                if visual:
+                    visual_rows.append((seq, start, end, len(input_ids)))
+                    for i, t, h, w in visual:
+                        ids[i] = self.mrope_row0 + len(thw)
+                        thw.append((t, h, w))
+                positions.extend(ids)
+            else:
+                positions.extend(range(start, end))
             input_ids.extend(tokens)
-            positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             cu_query_lens.append(cu_query_lens[-1] + len(tokens))
@@ -104,6 +115,9 @@ class BatchBuilding:
             verify_rows=verify_rows or None,
             verify_tokens=verify_tokens,
         )
+        if visual_rows:
+            self.mrope_table.write_mrope_rows(t(thw, torch.int64))
+            batch.visual = self._visual_embeds(visual_rows)
         num_few = sum(1 for _, n in scheduled if n <= DECODE_MAX_QUERY_LEN)
         if 0 < num_few < len(scheduled):
             batch.split = self._split_batch(batch, num_few, cu_query_lens, context_lens, scheduled)

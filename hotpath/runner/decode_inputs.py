@@ -210,7 +210,9 @@ class DecodeInputs:
                     for seq in seqs]
         firsts = [first for first, _ in rows]
         ctx = [p + q for p in firsts] + [q] * pad + [0] * (size & 1)
-        positions = [p for first in firsts for p in range(first, first + q)] + list(range(q)) * pad
+        # an image-text model's sequence rotates its tokens past its images at index + rope_delta
+        positions = [p + seq.rope_delta for seq, first in zip(seqs, firsts) for p in range(first, first + q)]
+        positions += list(range(q)) * pad
         slots = [seq.block_table[p // bs] * bs + p % bs for seq, first in zip(seqs, firsts)
                  for p in range(first, first + q)]
         slots += [self.scratch_block * bs + j for j in range(q)] * pad

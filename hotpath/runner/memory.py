@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from hotpath.models.vision import VisionConfig
 from hotpath.runner.plan import SPEC_GRAPH_MAX_ROWS
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,17 @@ class MemoryBudget:
                 s = layer.cache_spec()
                 spec += rows * s.bytes_per_slot(self.dtype) + tokens * (2 * s.conv_dim * self.dtype.itemsize
                                                                         + 2 * s.num_v_heads * 4)
-        return ec.max_num_batched_tokens * per_token + logits + spec + 512 * 2**20
+        step = ec.max_num_batched_tokens * per_token
+        encoder_cache = 0
+        if cfg.multimodal is not None:
+            # the vision tower runs before the language model in a step, on up to a step's
+            # visual tokens (4 patches each); its outputs stay in the encoder cache
+            v = VisionConfig.from_hf(cfg.multimodal.vision_config)
+            patches = ec.max_num_batched_tokens * v.spatial_merge_size**2
+            step = max(step, patches * (6 * v.hidden_size + 2 * v.intermediate_size) * self.dtype.itemsize)
+            encoder_cache = (self.encoder_cache.capacity * v.out_hidden_size
+                             * (1 + len(v.deepstack_visual_indexes)) * self.dtype.itemsize)
+        return step + encoder_cache + logits + spec + 512 * 2**20
 
     def _allocate_kv_cache(self) -> None:
         # one block more than the manager hands out: padding rows of a CUDA graph batch write there

@@ -18,6 +18,8 @@ import torch
 from hotpath.config import EngineConfig, ModelConfig
 from hotpath.layers.cache import KVCacheSpec, StateCacheSpec
 from hotpath.loader.model_loader import load_model, load_mtp
+from hotpath.models.decoder import rotary_table
+from hotpath.multimodal.encoder_cache import EncoderCache
 from hotpath.ops.backend import use_triton
 from hotpath.ops.quant import fp8_dtype
 from hotpath.runner.batch import BatchBuilding
@@ -30,13 +32,14 @@ from hotpath.runner.sampler import Sampler
 from hotpath.runner.seq_state import SeqState, is_plain_greedy
 from hotpath.runner.step_types import LaunchedStep
 from hotpath.runner.verify import Verify
+from hotpath.runner.visual import VisualInputs
 
 logger = logging.getLogger(__name__)
 
 
-class ModelRunner(MemoryBudget, BatchBuilding, HybridState, Verify, DecodeGraphs):
+class ModelRunner(MemoryBudget, BatchBuilding, VisualInputs, HybridState, Verify, DecodeGraphs):
     """One rank's model and caches; each job in a room of its own (memory.py, batch.py,
-    hybrid_state.py, verify.py, graphs.py), the step's launch and collect here."""
+    visual.py, hybrid_state.py, verify.py, graphs.py), the step's launch and collect here."""
 
     def __init__(
         self,
@@ -68,6 +71,11 @@ class ModelRunner(MemoryBudget, BatchBuilding, HybridState, Verify, DecodeGraphs
         self.mtp = None if not mtp else load_mtp(
             model_config, model_dir, load_format, device, dtype, engine_config.max_model_len, seed + 1, self.model)
         self.num_speculative_tokens = num_speculative_tokens  # K: verify graphs take rows of 1 + K
+        # image-text models: the tower's outputs by image, and the RoPE table whose rows past
+        # mrope_row0 a step's visual tokens rotate with (layers/rotary.py)
+        self.encoder_cache = EncoderCache(engine_config.max_num_batched_tokens)
+        self.mrope_table = rotary_table(self.model) if model_config.multimodal is not None else None
+        self.mrope_row0 = 0 if self.mrope_table is None else self.mrope_table.max_positions
         self.block_size = engine_config.block_size
         # K and V in the model dtype, or in fp8 (half bf16's bytes a token: twice the blocks fit)
         self.kv_cache_dtype = fp8_dtype(device) if engine_config.kv_cache_dtype == "fp8" else dtype

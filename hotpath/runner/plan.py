@@ -11,9 +11,13 @@ pickle: executor/channel.py).
 
 from __future__ import annotations
 
+import base64
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
+from hotpath.multimodal.inputs import MultiModalItem
 from hotpath.sampling_params import SamplingParams
 
 # the most sequences that verify drafts in one step (the engine gives the rest none that step):
@@ -41,6 +45,7 @@ class NewSeq:
     stop_token_ids: list[int]
     seed: int | None  # its sampling generator's seed (None: the global generator)
     num_pending_tokens: int = 0  # sampled by a step in flight, not on the host yet
+    mm_items: list[MultiModalItem] = field(default_factory=list)  # its images and videos
 
 
 @dataclass(slots=True)
@@ -70,14 +75,40 @@ class StepPlan:
 
 
 def to_wire(plan: StepPlan) -> dict[str, Any]:
-    return asdict(plan)
+    # the images (pixel tensors) apart: asdict would deep-copy them
+    items = [new.mm_items for new in plan.new]
+    for new in plan.new:
+        new.mm_items = []
+    try:
+        data = asdict(plan)
+    finally:
+        for new, mm in zip(plan.new, items):
+            new.mm_items = mm
+    for s, mm in zip(data["new"], items):
+        s["mm_items"] = [_item_to_wire(item) for item in mm]
+    return data
 
 
 def from_wire(data: dict[str, Any]) -> StepPlan:
-    new = [NewSeq(**{**s, "params": SamplingParams(**s["params"])}) for s in data["new"]]
+    new = [NewSeq(**{**s, "params": SamplingParams(**s["params"]),
+                     "mm_items": [_item_from_wire(m) for m in s["mm_items"]]}) for s in data["new"]]
     rows = [RowPlan(**{**r, "save_at": tuple(r["save_at"]) if r["save_at"] is not None else None})
             for r in data["rows"]]
     return StepPlan(new, rows, data["forget"], data["uses_prev"])
+
+
+def _item_to_wire(item: MultiModalItem) -> dict[str, Any]:
+    pixels = item.pixel_values.float().contiguous()
+    return {"modality": item.modality, "spans": item.spans, "grid_thw": item.grid_thw,
+            "pixels": base64.b64encode(pixels.numpy().tobytes()).decode(), "shape": list(pixels.shape),
+            "content_hash": item.content_hash}
+
+
+def _item_from_wire(data: dict[str, Any]) -> MultiModalItem:
+    raw = bytearray(base64.b64decode(data["pixels"]))
+    pixels = torch.frombuffer(raw, dtype=torch.float32).reshape(data["shape"])
+    return MultiModalItem(data["modality"], [tuple(s) for s in data["spans"]], tuple(data["grid_thw"]),
+                          pixels, data["content_hash"])
 
 
 def tokens_to_wire(tokens: dict[int, list[SampledToken]]) -> list:

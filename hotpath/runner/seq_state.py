@@ -10,10 +10,15 @@ every step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from hotpath.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hotpath.multimodal.inputs import MultiModalItem
+    from hotpath.multimodal.positions import MropeLayout
 
 
 @dataclass(kw_only=True)
@@ -41,6 +46,12 @@ class SeqState:
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None
     num_draft_computed: int = 0  # tokens whose draft-model (or MTP head) K/V are in the cache
+    # image-text models: the prompt's images and videos in prompt order, and (worker side) their
+    # tokens' mRoPE position ids; past the prompt's last visual token a token's id is its index
+    # plus rope_delta
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+    mrope: MropeLayout | None = None
+    rope_delta: int = 0
     num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids), which never changes
 
     def __post_init__(self) -> None:

@@ -95,17 +95,20 @@ def rope_and_paged_attention(
     max_context_len: int,
     k_scale: float = 1.0,  # fp8 cache: it holds k / k_scale and v / v_scale (ignored otherwise)
     v_scale: float = 1.0,
+    positions_apart: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """qk_norm_rope_and_cache, then paged_attention. For decode-sized steps on the GPU the
     decode kernel does both in one launch; it derives each token's position and cache slot from
     its sequence's context length and block table (the last query_len positions), which is how
-    the engine builds `positions` and `slot_mapping`."""
+    the engine builds `positions` and `slot_mapping`, unless `positions_apart` (mRoPE models,
+    whose positions are not the cache's): then it rotates at `positions`."""
     if backend.use_triton(q) and max_query_len <= DECODE_MAX_QUERY_LEN:
         from hotpath.ops.attention import triton_decode
 
         return triton_decode.paged_attention(
             q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
-            max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps),
+            max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
+                                   positions if positions_apart else None),
             k_scale=k_scale, v_scale=v_scale,
         )
     from hotpath.ops.rotary import qk_norm_rope_and_cache

@@ -178,6 +178,7 @@ def _decode_split_kernel(
     k_new_ptr,  # [num_tokens, num_kv_heads, HEAD_DIM] this step's keys, before norm/RoPE (ROPE)
     v_new_ptr,  # [num_tokens, num_kv_heads, HEAD_DIM] (ROPE)
     cos_sin_ptr,  # [max_positions, rotary_dim] fp32 (ROPE)
+    rope_pos_ptr,  # [num_tokens] int64, each token's row of cos_sin (ROPE_POSITIONS)
     q_norm_w_ptr,  # [HEAD_DIM] (ROPE and HAS_NORM)
     k_norm_w_ptr,
     norm_eps,
@@ -215,6 +216,9 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
     ROPE: tl.constexpr,  # q, k_new and v_new are raw projections: norm, rotate and cache them here
+    # rotate at the positions given (mRoPE: a sequence's ids run apart from its cache positions)
+    # rather than at the cache positions
+    ROPE_POSITIONS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,  # >= the longest query
@@ -279,11 +283,15 @@ def _decode_split_kernel(
         t_pos = first_new + t
         mine = ((t < q_len) & (t_pos >= start) & (t_pos < end))[:, None]
         t_pos = t_pos.to(tl.int64)[:, None]
+        q_rope_pos = (first_new + q_tok).to(tl.int64)[:, None]
+        k_rope_pos = t_pos
+        if ROPE_POSITIONS:
+            q_rope_pos = tl.load(rope_pos_ptr + (q_start + q_tok)[:, None], mask=q_ok[:, None], other=0)
+            k_rope_pos = tl.load(rope_pos_ptr + q_start + t[:, None], mask=mine, other=0)
         if not DIRECT:
-            q_cos, q_sin, q_w, q_wp = _rope_inputs((first_new + q_tok).to(tl.int64)[:, None],
-                                                   q_ok[:, None], d, cos_sin_ptr, stride_cs,
+            q_cos, q_sin, q_w, q_wp = _rope_inputs(q_rope_pos, q_ok[:, None], d, cos_sin_ptr, stride_cs,
                                                    q_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
-            k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
+            k_cos, k_sin, k_w, k_wp = _rope_inputs(k_rope_pos, mine, d, cos_sin_ptr, stride_cs,
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
     pdl_wait(USE_PDL)
@@ -301,7 +309,7 @@ def _decode_split_kernel(
         if not DIRECT:
             q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
         else:
-            k_cos, k_sin, k_w, k_wp = _rope_inputs(t_pos, mine, d, cos_sin_ptr, stride_cs,
+            k_cos, k_sin, k_w, k_wp = _rope_inputs(k_rope_pos, mine, d, cos_sin_ptr, stride_cs,
                                                    k_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             t_block = tl.load(block_table + t_pos // BLOCK_SIZE, mask=mine, other=0).to(tl.int64)
         # rounded to the model dtype first, as the reference's rotated key is
@@ -315,8 +323,7 @@ def _decode_split_kernel(
         if DIRECT:
             # the query's rows and RoPE inputs only now: fewer live registers, more programs an SM
             xq, xq_p = _load_rows(q_rows, q_ok[:, None], d, HALF, HEAD_DIM)
-            q_cos, q_sin, q_w, q_wp = _rope_inputs((first_new + q_tok).to(tl.int64)[:, None],
-                                                   q_ok[:, None], d, cos_sin_ptr, stride_cs,
+            q_cos, q_sin, q_w, q_wp = _rope_inputs(q_rope_pos, q_ok[:, None], d, cos_sin_ptr, stride_cs,
                                                    q_norm_w_ptr, HAS_NORM, HALF, HEAD_DIM)
             q = _norm_rope(xq, xq_p, q_cos, q_sin, q_w, q_wp, d, norm_eps, HAS_NORM, HALF, HEAD_DIM)
         # the tiles below read the new rows back: the block's stores first
@@ -525,11 +532,12 @@ def paged_attention(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
-    With `rope` = (k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps), q, k and v are the raw
-    projections of this step's tokens and the kernel first does what qk_norm_rope_and_cache does
-    (QK-norm when the weights are given, RoPE, k and v into the cache), positions and cache slots
-    being the last query_len of each sequence's context, through its block table. One launch
-    fewer per layer. An fp8 cache holds k / k_scale and v / v_scale (the rows ROPE writes too)."""
+    With `rope` = (k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps, positions), q, k and v
+    are the raw projections of this step's tokens and the kernel first does what
+    qk_norm_rope_and_cache does (QK-norm when the weights are given, RoPE, k and v into the cache),
+    cache slots being the last query_len of each sequence's context, through its block table, and
+    so are the positions it rotates at unless `positions` ([num_tokens] int64, or None) names
+    them. One launch fewer per layer. An fp8 cache holds k / k_scale and v / v_scale (the rows ROPE writes too)."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -567,18 +575,18 @@ def paged_attention(
         )
     use_pdl = pdl_enabled(q.device)
     if rope is not None:
-        k_new, v_new, cos_sin, q_norm_w, k_norm_w, norm_eps = rope
+        k_new, v_new, cos_sin, q_norm_w, k_norm_w, norm_eps, rope_pos = rope
         assert k_new.stride(2) == 1 and v_new.stride(2) == 1 and cos_sin.stride(1) == 1
         assert cos_sin.shape[1] % 2 == 0 and cos_sin.shape[1] <= head_dim
         has_norm = q_norm_w is not None
-        rope_args = (k_new, v_new, cos_sin, q_norm_w if has_norm else q,
-                     k_norm_w if has_norm else q, norm_eps)
+        rope_args = (k_new, v_new, cos_sin, q if rope_pos is None else rope_pos,
+                     q_norm_w if has_norm else q, k_norm_w if has_norm else q, norm_eps)
         rope_strides = (k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
                         cos_sin.stride(0))
         half = cos_sin.shape[1] // 2
     else:
-        has_norm, half = False, 1
-        rope_args, rope_strides = (q, q, q, q, q, 0.0), (0, 0, 0, 0, 0)
+        has_norm, half, rope_pos = False, 1, None
+        rope_args, rope_strides = (q, q, q, q, q, q, 0.0), (0, 0, 0, 0, 0)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
         out, part_out, part_lse, counters, *rope_args,
@@ -592,6 +600,7 @@ def paged_attention(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct, MERGE_M=merge_m,
         SPLIT_CHUNK=merge_chunk(num_splits, merge_m * head_dim_pad),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
+        ROPE_POSITIONS=rope_pos is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128), DEFER=defer,
         Q_ROWS=merge_m,

@@ -1,0 +1,154 @@
+"""The Qwen image-text checkpoints: Qwen3-VL (dense and MoE) and Qwen3.5 (dense and MoE).
+
+Each nests a text model (config under `text_config`, weights under `model.language_model.`) and a
+vision tower (`vision_config`, `model.visual.`; hotpath/models/vision.py). The text model is the
+family's own (Qwen3, Qwen3-MoE, the Qwen3.5 hybrids) with mRoPE: three position ids a token
+(time, height, width), equal for text (hotpath/layers/rotary.py). The tower's embeddings replace
+the image and video placeholder tokens' embeddings; Qwen3-VL also adds its DeepStack features to
+those tokens' hidden states after the first layers (hotpath/models/decoder.py). Built with
+`language_model_only` (resolve() drops `multimodal` from the config), the model is its text model
+alone and the tower's weights are skipped.
+
+Qwen3-VL-MoE checkpoints store each layer's experts fused: the published ones as
+`mlp.experts.gate_up_proj` [E, H, 2I] and `mlp.experts.down_proj` [E, I, H], those transformers 5
+writes transposed ([E, 2I, H], [E, H, I]); told apart by shape as transformers does, they load as
+one tensor per expert and projection (`split_fused_experts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+import torch
+
+from hotpath.config import ModelConfig, MultiModalConfig
+from hotpath.layers.linear import WeightLoaders
+from hotpath.models.decoder import CausalLM
+from hotpath.models.llama import Qwen3ForCausalLM
+from hotpath.models.mtp import split_fused_experts
+from hotpath.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
+from hotpath.models.qwen_moe import Qwen3MoeForCausalLM
+from hotpath.models.vision import VisionTower, VisionConfig
+
+logger = logging.getLogger("hotpath")
+
+_VISUAL = "model.visual."
+_TEXT = "model.language_model."
+# composite-level keys the text model takes where its own section does not set them
+_INHERITED = ("eos_token_id", "bos_token_id", "torch_dtype", "dtype", "mtp_num_hidden_layers")
+
+
+class VisionLanguage:
+    """A text family (the next base class) inside an image-text checkpoint, with its tower."""
+
+    # rotary frequencies for (t, h, w) where the config does not say (transformers' defaults)
+    MROPE_SECTION: ClassVar[tuple[int, int, int]]
+
+    @classmethod
+    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
+        text = dict(hf.get("text_config") or {})
+        if not text:
+            raise ValueError(f"{arch} config.json has no text_config")
+        if "tie_word_embeddings" in hf:  # the composite model's setting, which HF's tying follows
+            text["tie_word_embeddings"] = hf["tie_word_embeddings"]
+        for key in _INHERITED:
+            if key in hf and key not in text:
+                text[key] = hf[key]
+        cfg = super().config_from_hf(arch, text)
+        vision = hf.get("vision_config")
+        if vision is None:
+            raise ValueError(f"{arch} config.json has no vision_config")
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        section = tuple(rope.get("mrope_section") or cls.MROPE_SECTION)
+        rotary_half = int(cfg.head_dim * cfg.rope.get("partial_rotary_factor", 1.0)) // 2
+        if len(section) != 3 or sum(section) != rotary_half:
+            raise ValueError(f"mrope_section {list(section)} must be three sizes summing to the rotary "
+                             f"dimension's half ({rotary_half})")
+        cfg.multimodal = MultiModalConfig(
+            image_token_id=hf["image_token_id"], video_token_id=hf["video_token_id"],
+            vision_start_token_id=hf["vision_start_token_id"], vision_end_token_id=hf["vision_end_token_id"],
+            vision_config=dict(vision), mrope_section=section,
+            spatial_merge_size=vision.get("spatial_merge_size", 2),
+        )
+        return cfg
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__(cfg, max_positions)
+        mm = cfg.multimodal
+        self.visual = None if mm is None else VisionTower(VisionConfig.from_hf(mm.vision_config))
+        self._skipped_tower_logged = False
+
+    def checkpoint_name(self, name: str) -> str | None:
+        if name.startswith(_VISUAL):
+            if self.visual is None and not self._skipped_tower_logged:
+                self._skipped_tower_logged = True
+                logger.info("skipping the checkpoint's vision tower (%s*): language_model_only", _VISUAL)
+            return None
+        name = super().checkpoint_name(name)
+        return None if name is None else name.replace(_TEXT, "model.", 1)
+
+    def weight_loaders(self) -> WeightLoaders:
+        # the tower loads its own tensors (load_weights below)
+        return {name: load for name, load in super().weight_loaders().items() if not name.startswith("visual.")}
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        tower: list[tuple[str, torch.Tensor]] = []
+
+        def text_weights() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if name.startswith(_VISUAL) and self.visual is not None:
+                    tower.append((name.removeprefix(_VISUAL), tensor))
+                else:
+                    yield name, tensor
+
+        super().load_weights(self.text_weights(text_weights()))
+        if self.visual is not None:
+            self.visual.load_weights(tower)
+
+    def text_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The text model's checkpoint tensors as its family loads them."""
+        return weights
+
+
+class Qwen3VLForConditionalGeneration(VisionLanguage, Qwen3ForCausalLM):
+    MROPE_SECTION = (24, 20, 20)
+
+
+class Qwen3VLMoeForConditionalGeneration(VisionLanguage, Qwen3MoeForCausalLM):
+    MROPE_SECTION = (24, 20, 20)
+
+    @classmethod
+    def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
+        text = hf.get("text_config")
+        if text:  # its router always renormalises the top-k weights (the config has no such key)
+            hf = {**hf, "text_config": {"norm_topk_prob": True, **text}}
+        return super().config_from_hf(arch, hf)
+
+    def text_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        h, i = self.config.hidden_size, self.config.moe.intermediate_size
+        ours = {"gate_up_proj": (2 * i, h), "down_proj": (h, i)}
+
+        def oriented() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                proj = name.rpartition(".")[2]
+                if tensor.dim() == 3 and ".mlp.experts." in name and proj in ours:
+                    if tuple(tensor.shape[1:]) != ours[proj]:  # the published [E, H, 2I] / [E, I, H]
+                        tensor = tensor.transpose(1, 2)
+                yield name, tensor
+
+        return split_fused_experts(oriented())
+
+
+class Qwen3_5ForConditionalGeneration(VisionLanguage, Qwen3_5ForCausalLM):
+    MROPE_SECTION = (11, 11, 10)
+
+
+class Qwen3_5MoeForConditionalGeneration(VisionLanguage, Qwen3_5MoeForCausalLM):
+    MROPE_SECTION = (11, 11, 10)
+
+
+def vision_tower(model: CausalLM) -> VisionTower | None:
+    """The model's vision tower, or None for a text-only model (or one built language-only)."""
+    return getattr(model, "visual", None)
