@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from hotpath.bench import roofline
+from hotpath.bench import roofline, vision
 from hotpath.bench.presets import PRESETS, preset_dir
 from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
+from hotpath.multimodal.inputs import ProcessedPrompt
 from hotpath.sampling_params import SamplingParams
 
 
@@ -29,12 +30,13 @@ def say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tuple[float, list[float]]:
+def _run_batch(engine: Engine, prompts: list[list[int] | ProcessedPrompt], output_len: int) -> tuple[float, list[float]]:
     """Returns (TTFT, decode step times) for one batch run to completion."""
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     start = time.perf_counter()
     for i, p in enumerate(prompts):
-        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", {"prompt_token_ids": p}, params)
+        engine.add_request(f"bench-{time.monotonic_ns()}-{i}",
+                           {"prompt_token_ids": p} if isinstance(p, list) else p, params)
     ttft = None
     started: set[str] = set()
     step_times = []
@@ -63,18 +65,25 @@ def engine_args(ns: argparse.Namespace, model_dir: str) -> EngineArgs:
     return replace(EngineArgs.from_cli_args(ns), model=model_dir, skip_tokenizer_init=True)
 
 
-def run_hotpath(ns: argparse.Namespace, model_dir: str) -> list[dict]:
-    """One engine, each batch size of --batch-size timed in turn."""
+def run_hotpath(ns: argparse.Namespace, model_dir: str, matmul: float) -> tuple[list[dict], list[dict]]:
+    """One engine, each batch size of --batch-size timed in turn; with --images, the vision tower
+    alone on one and on eight images too. Keeps one image prompt for --compare hf."""
     say(f"loading hotpath engine ({ns.load_format} weights) and capturing CUDA graphs")
     engine = Engine(engine_args(ns, model_dir))
     if engine.config.max_model_len < ns.input_len + ns.output_len:
         raise ValueError(f"max_model_len {engine.config.max_model_len} is shorter than --input-len + "
                          f"--output-len ({ns.input_len + ns.output_len})")
     results = [_time_batch(engine, ns, bs) for bs in ns.batch_size]
+    towers = []
+    if ns.images:
+        say("the vision tower alone: 1 and 8 images")
+        towers = vision.time_tower(engine, vision.parse_size(ns.image_size), (1, 8), matmul)
+        ns.hf_prompt = vision.image_prompts(engine, 1, ns.images, vision.parse_size(ns.image_size),
+                                            ns.input_len, seed=7)[0]
     del engine
     gc.collect()
     torch.cuda.empty_cache()
-    return results
+    return results, towers
 
 
 def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict:
@@ -84,9 +93,25 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
     # run would find its prompts cached and skip their prefill
     warm_up, prompts = [[torch.randint(0, cfg.vocab_size, (ns.input_len,), generator=g).tolist()
                          for _ in range(batch_size)] for _ in range(2)]
+    extra = {}
+    prompt_len = ns.input_len
+    if ns.images:  # the same text after fresh images each run (the encoder cache serves none)
+        size = vision.parse_size(ns.image_size)
+        warm_up, prompts = [vision.image_prompts(engine, batch_size, ns.images, size, ns.input_len, seed)
+                            for seed in (2 * batch_size, 2 * batch_size + 1)]
+        prompt_len = len(prompts[0].prompt_token_ids)
+        say(f"text-only run of the same length ({prompt_len} tokens), for the TPOT beside the images'")
+        text = [[torch.randint(0, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch_size)]
+                for _ in range(2)]
+        _run_batch(engine, text[0], 8)
+        _, text_steps = _run_batch(engine, text[1], ns.output_len)
+        extra.update(images_per_prompt=ns.images, image_size=ns.image_size, prompt_len=prompt_len,
+                     visual_tokens_per_prompt=sum(i.num_tokens for i in prompts[0].mm_items),
+                     tower_flops=vision.tower_flops(engine, prompts),
+                     text_only_tpot_s=sum(text_steps) / (ns.output_len - 1))
     say(f"warm-up run: batch {batch_size}")
     _run_batch(engine, warm_up, min(ns.output_len, 8))
-    say(f"timed run: batch {batch_size}, {ns.input_len} prompt tokens, {ns.output_len} output tokens")
+    say(f"timed run: batch {batch_size}, {prompt_len} prompt tokens, {ns.output_len} output tokens")
     spec = engine.spec_stats
     before = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens)
     ttft, steps = _run_batch(engine, prompts, ns.output_len)
@@ -94,8 +119,7 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
     tpot = sum(steps) / (ns.output_len - 1) if steps else float("nan")
     per_step = (ns.output_len - 1) / len(steps) if steps else float("nan")
     model = roofline.engine_model(engine)
-    mean_ctx = ns.input_len + ns.output_len / 2
-    extra = {}
+    mean_ctx = prompt_len + ns.output_len / 2
     if engine.spec_config is not None:
         rows, drafted, accepted = (now - was for now, was in zip(
             (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens), before))
@@ -115,7 +139,9 @@ def _time_batch(engine: Engine, ns: argparse.Namespace, batch_size: int) -> dict
         "kv_bytes_per_step": int(batch_size * mean_ctx
                                  * roofline.kv_bytes_per_token(cfg, getattr(torch, engine.executor.info.kv_cache_dtype)))
         + 2 * batch_size * roofline.state_bytes_per_sequence(cfg, engine.dtype),
-        "prefill_flops": roofline.prefill_flops(cfg, roofline.active_params(model, cfg), ns.input_len) * batch_size,
+        # the vision tower's too, where the prompts carry images
+        "prefill_flops": roofline.prefill_flops(cfg, roofline.active_params(model, cfg), prompt_len) * batch_size
+        + extra.get("tower_flops", 0),
         "kv_cache_tokens": engine.executor.info.num_blocks * engine.config.block_size,
         "max_model_len": engine.config.max_model_len,
     }
@@ -165,7 +191,7 @@ def main(ns: argparse.Namespace) -> int:
     say("measuring HBM bandwidth (device-to-device copy) and the bf16 matmul rate")
     bandwidth = roofline.measure_bandwidth(device)
     matmul = roofline.measure_matmul_flops(device)
-    runs = run_hotpath(ns, model_dir)
+    runs, towers = run_hotpath(ns, model_dir, matmul)
     for res in runs:
         roof = (res["weight_bytes_per_step"] + res["kv_bytes_per_step"]) / bandwidth
         res.update(
@@ -180,14 +206,23 @@ def main(ns: argparse.Namespace) -> int:
         dtype = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
                  "float32": torch.float32}[ns.dtype]
         res = runs[0]
-        hf = run_hf(ns, model_dir, dtype, res["batch_size"])
+        if ns.images:
+            hf = vision.run_hf_vision(model_dir, dtype, ns.hf_prompt, ns.output_len)
+        else:
+            hf = run_hf(ns, model_dir, dtype, res["batch_size"])
         res["hf_ttft_s"] = hf["ttft_s"]
         res["hf_tpot_s"] = hf["tpot_s"]
         res["hf_tpot_over_roofline"] = hf["tpot_s"] / res["roofline_tpot_s"]
     for res in runs:
         _print_table(res)
+    for t in towers:
+        print(f"vision tower, {t['images']} image(s) of {t['image_size'][0]}x{t['image_size'][1]}: "
+              f"{t['tower_s'] * 1e3:.2f} ms, {t['tower_fraction_of_matmul']:.2f} of matmul")
     if ns.json:
-        Path(ns.json).write_text(json.dumps(runs[0] if len(runs) == 1 else runs, indent=2))
+        out = runs[0] if len(runs) == 1 else runs
+        if towers:
+            out = {"runs": runs, "vision_tower": towers}
+        Path(ns.json).write_text(json.dumps(out, indent=2))
     return 0
 
 
@@ -201,6 +236,12 @@ def _print_table(r: dict) -> None:
         ("TTFT", f"{r['ttft_s'] * 1e3:.2f} ms ({r['prefill_tflops']:.0f} TFLOP/s, "
                  f"{r['prefill_fraction_of_matmul']:.2f} of matmul {r['matmul_flops'] / 1e12:.0f})"),
         ("TPOT", f"{r['tpot_s'] * 1e3:.3f} ms = {r['tpot_over_roofline']:.2f}x roofline"),
+    ]
+    if "text_only_tpot_s" in r:
+        rows += [("images / visual tokens", f"{r['images_per_prompt']} of {r['image_size']} / "
+                                            f"{r['visual_tokens_per_prompt']} a prompt"),
+                 ("text-only TPOT (same length)", f"{r['text_only_tpot_s'] * 1e3:.3f} ms")]
+    rows += [
         ("output tokens/s", f"{r['output_tokens_per_s']:.1f}"),
     ]
     if "hf_tpot_s" in r:
@@ -223,6 +264,11 @@ def add_parser(sub) -> None:
                    help="also time HF transformers (eager) on the same config in this process, at the "
                         "first batch size")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
+    p.add_argument("--images", type=int, default=0,
+                   help="image-text models: images at the start of each prompt (random pixels, "
+                        "preprocessed before the clock starts); also times the vision tower alone and "
+                        "a text-only batch of the same length")
+    p.add_argument("--image-size", default="1280x1280", help="WIDTHxHEIGHT of each --images image")
     # the engine flags, at LLM()'s defaults: --model (an HF directory for --compare hf),
     # --max-model-len, --num-gpu-blocks-override, --max-num-seqs, --enforce-eager, ...
     EngineArgs.add_cli_args(p)

@@ -74,6 +74,36 @@ PRESETS: dict[str, dict] = {
         max_position_embeddings=32768, tie_word_embeddings=False, torch_dtype="bfloat16",
         hidden_act="silu", eos_token_id=151643, bos_token_id=151643),
 }
+# image-text models with their vision towers: the text models above (Qwen3-VL's with mRoPE and a
+# 5M rope theta) under text_config, the published towers (27 blocks of 1152, DeepStack after blocks
+# 8, 16 and 24 in Qwen3-VL, none in Qwen3.5)
+_VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3,
+               patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+               hidden_act="gelu_pytorch_tanh")
+_QWEN3_VL_IDS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+                     vision_end_token_id=151653)
+_VL_ROPE = dict(rope_theta=5000000.0, max_position_embeddings=262144,
+                rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True})
+
+
+def _image_text(arch: str, model_type: str, text: dict, ids: dict, deepstack: list[int]) -> dict:
+    vision = dict(_VISION, out_hidden_size=text["hidden_size"], deepstack_visual_indexes=deepstack,
+                  model_type=f"{model_type}_vision" if deepstack else "qwen3_5_vision")
+    return dict(architectures=[arch], model_type=model_type, text_config=text, vision_config=vision,
+                tie_word_embeddings=text["tie_word_embeddings"], torch_dtype="bfloat16", **ids)
+
+
+PRESETS["qwen3-vl-8b"] = _image_text(
+    "Qwen3VLForConditionalGeneration", "qwen3_vl", dict(PRESETS["qwen3-8b"], **_VL_ROPE), _QWEN3_VL_IDS, [8, 16, 24])
+PRESETS["qwen3-vl-30b-a3b"] = _image_text(
+    "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", dict(PRESETS["qwen3-30b-a3b"], **_VL_ROPE),
+    _QWEN3_VL_IDS, [8, 16, 24])
+PRESETS["qwen3.5-35b-a3b-vl"] = _image_text(
+    "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
+    dict(PRESETS["qwen3.5-35b-a3b"], rope_scaling={"rope_type": "default", "mrope_section": [11, 11, 10],
+                                                   "mrope_interleaved": True}),
+    dict(image_token_id=248056, video_token_id=248057, vision_start_token_id=248053, vision_end_token_id=248054),
+    [])
 # the small Qwen2.5-Coder models, speculative decoding's drafts (same tokenizer as the 32B)
 _CODER = dict(PRESETS["qwen2.5-coder-32b"], vocab_size=151936, tie_word_embeddings=True)
 PRESETS["qwen2.5-coder-0.5b"] = dict(_CODER, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,

@@ -48,8 +48,8 @@ def decode_weight_bytes(model: nn.Module, cfg: ModelConfig, batch_size: int) -> 
     """Weight bytes one decode step must read: every parameter once, except the embedding, of
     which only the looked-up rows count (a tied LM head still reads the whole matrix), and the
     stacked MoE experts, of which only those the step's tokens route to count (their expected
-    number at this batch size)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    number at this batch size). An image-text model's vision tower runs at prefill only."""
+    total = sum(p.numel() * p.element_size() for p in _language_model_params(model))
     emb = model.model.embed_tokens.weight
     row_bytes = emb.shape[1] * emb.element_size()
     if not cfg.tie_word_embeddings:
@@ -63,8 +63,8 @@ def decode_weight_bytes(model: nn.Module, cfg: ModelConfig, batch_size: int) -> 
 
 def active_params(model: nn.Module, cfg: ModelConfig) -> int:
     """Parameters one token's forward multiplies by: all but the embedding and the LM head, and of
-    the MoE experts only the top_k a token routes to."""
-    params = sum(p.numel() for p in model.parameters())
+    the MoE experts only the top_k a token routes to (the vision tower's: its own FLOP count)."""
+    params = sum(p.numel() for p in _language_model_params(model))
     params -= model.model.embed_tokens.weight.numel()
     if not cfg.tie_word_embeddings:
         params -= model.lm_head.weight.numel()
@@ -72,6 +72,10 @@ def active_params(model: nn.Module, cfg: ModelConfig) -> int:
         experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
         params -= experts - experts * cfg.moe.top_k // cfg.moe.num_experts
     return params
+
+
+def _language_model_params(model: nn.Module) -> list[nn.Parameter]:
+    return [p for name, p in model.named_parameters() if not name.startswith("visual.")]
 
 
 def _expert_bytes(model: nn.Module) -> int:

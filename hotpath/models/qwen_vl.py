@@ -37,14 +37,17 @@ logger = logging.getLogger("hotpath")
 _VISUAL = "model.visual."
 _TEXT = "model.language_model."
 # composite-level keys the text model takes where its own section does not set them
+_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 _INHERITED = ("eos_token_id", "bos_token_id", "torch_dtype", "dtype", "mtp_num_hidden_layers")
 
 
 class VisionLanguage:
     """A text family (the next base class) inside an image-text checkpoint, with its tower."""
 
-    # rotary frequencies for (t, h, w) where the config does not say (transformers' defaults)
+    # transformers' defaults where config.json does not say: the rotary frequencies for (t, h,
+    # w), and the placeholder ids (image, video, vision start, vision end)
     MROPE_SECTION: ClassVar[tuple[int, int, int]]
+    TOKEN_IDS: ClassVar[tuple[int, int, int, int]]
 
     @classmethod
     def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
@@ -57,19 +60,14 @@ class VisionLanguage:
             if key in hf and key not in text:
                 text[key] = hf[key]
         cfg = super().config_from_hf(arch, text)
-        vision = hf.get("vision_config")
-        if vision is None:
-            raise ValueError(f"{arch} config.json has no vision_config")
+        vision = hf.get("vision_config") or {}  # absent: transformers' defaults, as its config class
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         section = tuple(rope.get("mrope_section") or cls.MROPE_SECTION)
-        rotary_half = int(cfg.head_dim * cfg.rope.get("partial_rotary_factor", 1.0)) // 2
-        if len(section) != 3 or sum(section) != rotary_half:
-            raise ValueError(f"mrope_section {list(section)} must be three sizes summing to the rotary "
-                             f"dimension's half ({rotary_half})")
+        if len(section) != 3 or not all(isinstance(n, int) and n >= 0 for n in section):
+            raise ValueError(f"mrope_section must be three sizes (t, h, w), got {list(section)}")
+        ids = {key: hf.get(key, default) for key, default in zip(_TOKEN_KEYS, cls.TOKEN_IDS)}
         cfg.multimodal = MultiModalConfig(
-            image_token_id=hf["image_token_id"], video_token_id=hf["video_token_id"],
-            vision_start_token_id=hf["vision_start_token_id"], vision_end_token_id=hf["vision_end_token_id"],
-            vision_config=dict(vision), mrope_section=section,
+            **ids, vision_config=dict(vision), mrope_section=section,
             spatial_merge_size=vision.get("spatial_merge_size", 2),
         )
         return cfg
@@ -114,10 +112,12 @@ class VisionLanguage:
 
 class Qwen3VLForConditionalGeneration(VisionLanguage, Qwen3ForCausalLM):
     MROPE_SECTION = (24, 20, 20)
+    TOKEN_IDS = (151655, 151656, 151652, 151653)
 
 
 class Qwen3VLMoeForConditionalGeneration(VisionLanguage, Qwen3MoeForCausalLM):
     MROPE_SECTION = (24, 20, 20)
+    TOKEN_IDS = (151655, 151656, 151652, 151653)
 
     @classmethod
     def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
@@ -143,10 +143,12 @@ class Qwen3VLMoeForConditionalGeneration(VisionLanguage, Qwen3MoeForCausalLM):
 
 class Qwen3_5ForConditionalGeneration(VisionLanguage, Qwen3_5ForCausalLM):
     MROPE_SECTION = (11, 11, 10)
+    TOKEN_IDS = (248056, 248057, 248053, 248054)
 
 
 class Qwen3_5MoeForConditionalGeneration(VisionLanguage, Qwen3_5MoeForCausalLM):
     MROPE_SECTION = (11, 11, 10)
+    TOKEN_IDS = (248056, 248057, 248053, 248054)
 
 
 def vision_tower(model: CausalLM) -> VisionTower | None:

@@ -20,6 +20,7 @@ CONFIG_CLASSES = {
     "Qwen3NextForCausalLM": "Qwen3NextConfig", "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
     "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig", "Qwen3_5ForConditionalGeneration": "Qwen3_5Config",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeConfig",
+    "Qwen3VLForConditionalGeneration": "Qwen3VLConfig", "Qwen3VLMoeForConditionalGeneration": "Qwen3VLMoeConfig",
 }
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
             shared_expert_intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
@@ -42,9 +43,11 @@ def test_every_architecture_has_its_config_class():
 def test_loads_from_transformers_config_class(arch, tmp_path):
     cls = getattr(transformers, CONFIG_CLASSES[arch])
     if "text_config" in inspect.signature(cls.__init__).parameters:  # an image-text checkpoint
-        text_cls = cls.sub_configs["text_config"]
-        config = cls(text_config=tiny(text_cls), vision_config=dict(depth=1, hidden_size=16, intermediate_size=32,
-                                                                   num_heads=2, out_hidden_size=64))
+        text_cls, vision_cls = cls.sub_configs["text_config"], cls.sub_configs["vision_config"]
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64)
+        if "deepstack_visual_indexes" in inspect.signature(vision_cls.__init__).parameters:
+            vision["deepstack_visual_indexes"] = [0]  # the default's [8, 16, 24] need 25 layers
+        config = cls(text_config=tiny(text_cls), vision_config=vision)
     else:
         config = cls(**tiny(cls))
     config.architectures = [arch]

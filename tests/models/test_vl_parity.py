@@ -172,3 +172,27 @@ def test_decode_graphs_and_speculation_with_images(name, vl_model):
     assert run() == eager
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
     assert run(speculative_config=ngram) == eager
+
+
+def test_preemption_and_tensor_parallel_workers(vl_model):
+    """Image prompts under a cache tight enough to preempt (the images sent to the workers again)
+    and on two tensor-parallel worker processes (the images over the signed channel; the tower on
+    each rank): the one-rank engine's tokens."""
+    path, _ = vl_model("qwen3vl")
+    prompts = [{"prompt_token_ids": two_image_prompt(seed),
+                "multi_modal_data": {"image": [random_image(64 + 9 * seed, 80, seed), random_image(50, 120, 10 + seed)]}}
+               for seed in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+    def run(**kwargs) -> tuple[list[list[int]], int]:
+        llm = LLM(str(path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=96, **kwargs)
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            return [o.outputs[0].token_ids for o in outs], llm.engine.scheduler.num_preemptions
+        finally:
+            llm.engine.shutdown()
+
+    want, _ = run()
+    got, preemptions = run(num_gpu_blocks_override=16, block_size=8, max_num_batched_tokens=48)
+    assert preemptions > 0 and got == want
+    assert run(tensor_parallel_size=2)[0] == want
