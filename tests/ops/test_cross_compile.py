@@ -469,6 +469,25 @@ def _allreduce_steps(run: Run, target: Target, step: list[str]) -> None:
         one_shot.all_reduce(e(8, H), peers)
 
 
+
+def _vision_steps(run: Run, target: Target, step: list[str]) -> None:
+    """The vision tower (hotpath/models/vision.py), one block of it in bf16, once, at
+    Qwen3-VL-8B's widths (head_dim 72: the attention kernel's two dots) and Qwen3-VL-4B's
+    (head_dim 64): an image of 64 x 64 patches (long segments' tiles), a video of 24 x 24 frames
+    (short segments')."""
+    from hotpath.models.vision import VisionConfig, VisionTower
+
+    if run.name != "qwen3-8b":
+        return
+    for name, hidden in (("qwen3-vl-8b", 1152), ("qwen3-vl-4b", 1024)):
+        cfg = VisionConfig(depth=1, hidden_size=hidden, deepstack_visual_indexes=(0,))
+        with META:
+            tower = VisionTower(cfg).to(torch.bfloat16)
+        for grid in ((1, 64, 64), (4, 24, 24)):
+            step[0] = f"{run.name}/vision-{name}-{'x'.join(map(str, grid))}"
+            tower(torch.empty(grid[0] * grid[1] * grid[2], cfg.patch_dim, dtype=torch.bfloat16, device=META), [grid])
+
+
 @functools.cache
 def _binder(kernel: str, target: Target):
     """Triton's argument binder of `kernel` (module:name) for `target`: what JITFunction.run calls
@@ -519,6 +538,7 @@ def recorded(target: Target) -> list[Launch]:
             _moe_fp8_steps(run, target, step, roles)
             _moe_int4_steps(run, target, step, roles)
             _allreduce_steps(run, target, step)
+            _vision_steps(run, target, step)
         launches += launched
     return launches
 

@@ -1,0 +1,335 @@
+"""The vision tower of Qwen3-VL (dense and MoE) and of the Qwen3.5 image-text checkpoints.
+
+Patches (each C x Tp x P x P pixels, flattened) -> one GEMM (the checkpoint's Conv3d, whose stride
+is its kernel) + the learned position table bilinearly resized to each grid -> `depth` pre-norm
+blocks (LayerNorm, attention with a 2D rotary within each image or video frame, LayerNorm, MLP)
+-> the patch merger (LayerNorm, the 2x2 neighbours of each merged token concatenated, fc1, GELU,
+fc2). Qwen3-VL's DeepStack also merges the hidden states after a few blocks (its own mergers,
+which normalise after concatenating); the language model adds them to its first layers' outputs.
+Qwen3.5 has no DeepStack.
+
+Every image and video of a call runs as one batch: the GEMMs run once over all patches, and the
+attention keeps images and frames apart through cu_seqlens (hotpath/ops/vision_attention).
+
+Tensor parallelism: the tower is replicated on every rank (plain torch linears, no sharding);
+each rank runs it whole on the same inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hotpath.ops.vision_attention import varlen_attention
+
+LAYER_NORM_EPS = 1e-6  # every LayerNorm of the tower (HF hard-codes it)
+# the MLP activations the configs name (the patch mergers always use the exact GELU)
+ACTIVATIONS = {
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """The fields of transformers' Qwen3VLVisionConfig (Qwen3VLMoeVisionConfig and
+    Qwen3_5VisionConfig are the same, less DeepStack for Qwen3.5), with its defaults.
+    `rope_theta` is rope_parameters["rope_theta"]; initializer_range is for training only."""
+
+    depth: int = 27
+    hidden_size: int = 1152
+    hidden_act: str = "gelu_pytorch_tanh"
+    intermediate_size: int = 4304
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 16
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    out_hidden_size: int = 3584
+    num_position_embeddings: int = 2304
+    deepstack_visual_indexes: tuple[int, ...] = (8, 16, 24)
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_hf(cls, vision_config: dict[str, Any]) -> VisionConfig:
+        """From config.json's vision_config. Qwen3.5's (model_type qwen3_5*) has no DeepStack:
+        transformers' Qwen3_5VisionConfig has no such field and its model ignores one that a
+        config.json lists (the released ones list [])."""
+        names = {f.name for f in fields(cls)} - {"deepstack_visual_indexes", "rope_theta"}
+        values: dict[str, Any] = {k: vision_config[k] for k in names if k in vision_config}
+        if str(vision_config.get("model_type", "")).startswith("qwen3_5"):
+            values["deepstack_visual_indexes"] = ()
+        elif "deepstack_visual_indexes" in vision_config:
+            values["deepstack_visual_indexes"] = tuple(vision_config["deepstack_visual_indexes"])
+        rope = vision_config.get("rope_parameters") or {}
+        if rope.get("rope_type", "axial") != "axial":
+            raise ValueError(f"the vision tower's rotary must be axial, got rope_type {rope['rope_type']!r}")
+        values["rope_theta"] = float(rope.get("rope_theta", vision_config.get("rope_theta", cls.rope_theta)))
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        for name in ("patch_size", "temporal_patch_size", "spatial_merge_size"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"vision {name} must be an int, got {getattr(self, name)!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"vision hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if self.head_dim % 4:
+            # the axial rotary gives a quarter of head_dim's frequencies to each of h and w
+            raise ValueError(f"vision head_dim {self.head_dim} must be a multiple of 4")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"vision hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+        indexes = self.deepstack_visual_indexes
+        if len(set(indexes)) != len(indexes) or not all(0 <= i < self.depth for i in indexes):
+            raise ValueError(f"deepstack_visual_indexes {list(indexes)} must be distinct layers in [0, {self.depth})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Pixel values a patch: C * Tp * P * P."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def merged_size(self) -> int:
+        """Width of a merged token before the merger's fc2: hidden_size * merge**2."""
+        return self.hidden_size * self.spatial_merge_size**2
+
+
+def _resize_taps(size: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two source rows (and their weights) of a bilinear resize from `side` to `size` with
+    align_corners=True, [size, 2] each, computed as transformers computes them."""
+    src = torch.arange(size, dtype=torch.float32) * (side - 1) / max(size - 1, 1)
+    floor = torch.floor(src)
+    taps = floor.long()[:, None] + torch.arange(2)
+    weights = (1 - (src[:, None] - taps.float()).abs()).clamp(min=0)
+    return taps.clamp(max=side - 1), weights
+
+
+class PatchMerger(nn.Module):
+    """LayerNorm, each merge x merge block of tokens concatenated, fc1, GELU, fc2. The main merger
+    normalises each token before concatenating; DeepStack's normalise the concatenation."""
+
+    def __init__(self, cfg: VisionConfig, norm_after_concat: bool):
+        super().__init__()
+        self.merged_size, self.norm_after_concat = cfg.merged_size, norm_after_concat
+        self.norm = nn.LayerNorm(cfg.merged_size if norm_after_concat else cfg.hidden_size, eps=LAYER_NORM_EPS)
+        self.linear_fc1 = nn.Linear(cfg.merged_size, cfg.merged_size)
+        self.linear_fc2 = nn.Linear(cfg.merged_size, cfg.out_hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_patches, hidden] -> [num_merged, out_hidden]
+        if self.norm_after_concat:
+            x = self.norm(x.view(-1, self.merged_size))
+        else:
+            x = self.norm(x).view(-1, self.merged_size)
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+                max_seqlen: int) -> torch.Tensor:
+        num_patches = x.shape[0]
+        qkv = self.qkv(x).view(num_patches, 3, self.num_heads, self.head_dim)
+        qk = apply_rotary(qkv[:, :2], cos, sin)  # [num_patches, 2, num_heads, head_dim]
+        out = varlen_attention(qk[:, 0], qk[:, 1], qkv[:, 2], cu_seqlens, max_seqlen, self.head_dim**-0.5)
+        return self.proj(out.view(num_patches, -1))
+
+
+def apply_rotary(
+    x: torch.Tensor,  # [num_patches, ..., head_dim]: q and k of every head at once
+    cos: torch.Tensor,  # [num_patches, head_dim] fp32
+    sin: torch.Tensor,
+) -> torch.Tensor:  # x's shape and dtype
+    """Rotate-half RoPE over the whole head, in fp32 as transformers computes it."""
+    xf = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
+    return (xf * cos.view(shape) + rotated * sin.view(shape)).to(x.dtype)
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=LAYER_NORM_EPS)
+        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=LAYER_NORM_EPS)
+        self.attn = VisionAttention(cfg)
+        self.mlp = VisionMLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
+                max_seqlen: int) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens, max_seqlen)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchEmbed(nn.Module):
+    """The checkpoint's Conv3d [hidden, C, Tp, P, P] as the GEMM it is (stride == kernel):
+    proj.weight is held as [hidden, C * Tp * P * P]."""
+
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.proj = nn.Linear(cfg.patch_dim, cfg.hidden_size)
+        self.conv_shape = (cfg.hidden_size, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size,
+                           cfg.patch_size)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.proj(pixel_values.to(self.proj.weight.dtype))
+
+
+class VisionTower(nn.Module):
+    """Parameter names are the checkpoint's under `model.visual.`."""
+
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        self.patch_embed = PatchEmbed(cfg)
+        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg, norm_after_concat=False)
+        self.deepstack_merger_list = nn.ModuleList(
+            PatchMerger(cfg, norm_after_concat=True) for _ in cfg.deepstack_visual_indexes)
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,  # [num_patches, C * Tp * P * P]
+        grid_thw: list[tuple[int, int, int]],  # per image / video: frames, patch rows, patch columns
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(merged embeddings [num_patches // merge**2, out_hidden_size], one DeepStack feature of
+        that shape per deepstack index, in layer order), in the model's dtype. Patches come in
+        the processor's order: per image and frame, merge x merge blocks row-major, each block's
+        patches row-major."""
+        grid_thw = [(int(t), int(h), int(w)) for t, h, w in grid_thw]  # also from a [n, 3] tensor
+        self._check_inputs(pixel_values, grid_thw)
+        device = pixel_values.device
+        coords = self._frame_coords(grid_thw)
+        x = self.patch_embed(pixel_values)  # [num_patches, hidden]
+        x = x + self._position_embeddings(grid_thw, coords, device).to(x.dtype)
+        cos, sin = self._rotary(grid_thw, coords, device)
+        frame_lens = [h * w for t, h, w in grid_thw for _ in range(t)]
+        cu_seqlens = torch.tensor([0] + frame_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        cu_seqlens, max_seqlen = cu_seqlens.to(x.device), max(frame_lens)
+        deepstack = []
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cu_seqlens, max_seqlen)
+            if layer in self.config.deepstack_visual_indexes:
+                merger = self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(layer)]
+                deepstack.append(merger(x))
+        return self.merger(x), deepstack
+
+    def _check_inputs(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> None:
+        cfg, merge = self.config, self.config.spatial_merge_size
+        if not grid_thw:
+            raise ValueError("grid_thw is empty: the vision tower needs at least one image or video")
+        for t, h, w in grid_thw:
+            if t < 1 or h < merge or w < merge or h % merge or w % merge:
+                raise ValueError(f"grid {(t, h, w)}: t must be >= 1 and h, w positive multiples of "
+                                 f"spatial_merge_size {merge}")
+        num_patches = sum(t * h * w for t, h, w in grid_thw)
+        if tuple(pixel_values.shape) != (num_patches, cfg.patch_dim):
+            raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grid_thw needs "
+                             f"({num_patches}, {cfg.patch_dim})")
+
+    def _frame_coords(self, grid_thw: list[tuple[int, int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per image / video: the row and the column of each patch of a frame, in the order the
+        patches come (merge x merge blocks row-major, each block row-major), [h * w] int64 each."""
+        merge = self.config.spatial_merge_size
+        coords = []
+        for _, h, w in grid_thw:
+            shape = (h // merge, merge, w // merge, merge)
+            r = torch.arange(h).view(h // merge, merge, 1, 1).expand(shape)
+            c = torch.arange(w).view(1, 1, w // merge, merge).expand(shape)
+            coords.append((r.transpose(1, 2).flatten(), c.transpose(1, 2).flatten()))
+        return coords
+
+    def _position_embeddings(self, grid_thw: list[tuple[int, int, int]],
+                             coords: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> torch.Tensor:
+        """The learned side x side table resized bilinearly (align_corners=True, as transformers)
+        to each frame's h x w grid, at every patch: [num_patches, hidden] fp32."""
+        side = int(self.config.num_position_embeddings**0.5)
+        indices, weights = [], []
+        for (t, h, w), (r, c) in zip(grid_thw, coords):
+            taps_h, weights_h = (x[r] for x in _resize_taps(h, side))  # [h * w, 2]
+            taps_w, weights_w = (x[c] for x in _resize_taps(w, side))
+            indices.append((taps_h[:, :, None] * side + taps_w[:, None, :]).flatten(1).repeat(t, 1))
+            weights.append((weights_h[:, :, None] * weights_w[:, None, :]).flatten(1).repeat(t, 1))
+        index, weight = torch.cat(indices).to(device), torch.cat(weights).to(device)  # [num_patches, 4]
+        return (self.pos_embed(index) * weight[:, :, None]).sum(1)
+
+    def _rotary(self, grid_thw: list[tuple[int, int, int]], coords: list[tuple[torch.Tensor, torch.Tensor]],
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [num_patches, head_dim] fp32 of the 2D rotary: a quarter of head_dim's
+        angles from the patch's row, a quarter from its column, that half repeated (the
+        rotate-half pairs), with transformers' frequencies."""
+        half = self.config.head_dim // 2
+        inv_freq = 1.0 / self.config.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half)
+        rows = torch.cat([r.repeat(t) for (t, _, _), (r, _) in zip(grid_thw, coords)]).to(device)
+        cols = torch.cat([c.repeat(t) for (t, _, _), (_, c) in zip(grid_thw, coords)]).to(device)
+        inv_freq = inv_freq.to(device)
+        freqs = torch.cat((rows[:, None] * inv_freq, cols[:, None] * inv_freq), dim=-1)  # [num_patches, half]
+        freqs = torch.cat((freqs, freqs), dim=-1)
+        return freqs.cos(), freqs.sin()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fills every parameter from (name, tensor) pairs named as the checkpoint names them
+        without the `model.visual.` prefix, one tensor at a time. Raises ValueError for a name
+        the tower does not have, a shape it does not take, or a parameter left unfilled."""
+        params = dict(self.named_parameters())
+        missing = set(params)
+        for name, tensor in weights:
+            if name not in params:
+                raise ValueError(f"the vision tower has no parameter {name!r}")
+            param = params[name]
+            shape = tuple(tensor.shape)
+            if name == "patch_embed.proj.weight" and shape == self.patch_embed.conv_shape:
+                tensor = tensor.reshape(param.shape)
+            elif shape != tuple(param.shape):
+                raise ValueError(f"vision parameter {name!r} has shape {tuple(param.shape)}, the checkpoint "
+                                 f"gives {shape}")
+            with torch.no_grad():
+                param.copy_(tensor)
+            missing.discard(name)
+        if missing:
+            raise ValueError(f"the checkpoint leaves vision parameters unfilled: {sorted(missing)}")
+
+    def flops(self, grid_thw: list[tuple[int, int, int]]) -> int:
+        """Matmul and attention FLOPs (2 a multiply-add) of forward(grid_thw), for a roofline:
+        the patch embedding, every block's qkv / proj / MLP GEMMs and its attention (q k^T and
+        p v over each frame's h * w tokens, all heads), the merger and DeepStack mergers. Norms,
+        activations, rotary and softmax are left out (under 1% of the FLOPs)."""
+        cfg = self.config
+        n = sum(t * h * w for t, h, w in grid_thw)
+        hidden, merged = cfg.hidden_size, cfg.merged_size
+        per_token = 2 * hidden * (3 * hidden + hidden + 2 * cfg.intermediate_size)
+        attention = sum(t * 4 * (h * w) ** 2 * hidden for t, h, w in grid_thw)
+        mergers = 1 + len(cfg.deepstack_visual_indexes)
+        merge_gemms = mergers * 2 * (n // cfg.spatial_merge_size**2) * merged * (merged + cfg.out_hidden_size)
+        return 2 * n * cfg.patch_dim * hidden + cfg.depth * (n * per_token + attention) + merge_gemms
+
+
+__all__ = ["VisionConfig", "VisionTower"]
