@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hotpath.ops.vision_attention import varlen_attention
+from hotpath.ops.vision_attention import apply_rotary, varlen_attention
 
 LAYER_NORM_EPS = 1e-6  # every LayerNorm of the tower (HF hard-codes it)
 # the MLP activations the configs name (the patch mergers always use the exact GELU)
@@ -144,22 +144,9 @@ class VisionAttention(nn.Module):
                 max_seqlen: int) -> torch.Tensor:
         num_patches = x.shape[0]
         qkv = self.qkv(x).view(num_patches, 3, self.num_heads, self.head_dim)
-        qk = apply_rotary(qkv[:, :2], cos, sin)  # [num_patches, 2, num_heads, head_dim]
+        qk = apply_rotary(qkv[:, :2].flatten(1, 2), cos, sin).view(num_patches, 2, self.num_heads, self.head_dim)
         out = varlen_attention(qk[:, 0], qk[:, 1], qkv[:, 2], cu_seqlens, max_seqlen, self.head_dim**-0.5)
         return self.proj(out.view(num_patches, -1))
-
-
-def apply_rotary(
-    x: torch.Tensor,  # [num_patches, ..., head_dim]: q and k of every head at once
-    cos: torch.Tensor,  # [num_patches, head_dim] fp32
-    sin: torch.Tensor,
-) -> torch.Tensor:  # x's shape and dtype
-    """Rotate-half RoPE over the whole head, in fp32 as transformers computes it."""
-    xf = x.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
-    return (xf * cos.view(shape) + rotated * sin.view(shape)).to(x.dtype)
 
 
 class VisionMLP(nn.Module):

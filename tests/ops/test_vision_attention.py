@@ -93,3 +93,30 @@ def test_interpreter_vision_tower(interpreter, poisoned):
         want, want_deepstack = tower(pixels, grids)
     assert rel_err(merged, want) < TOL[torch.float32]
     assert rel_err(deepstack[0], want_deepstack[0]) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("head_dim", [72, 16, 36])
+def test_interpreter_rotary(head_dim, interpreter, poisoned):
+    """The rotary kernel on q and k of every head at once, a strided view of the projection as
+    the tower passes it, against the reference."""
+    num_tokens, num_heads = 11, 3
+    x = torch.randn(num_tokens, 3, num_heads, head_dim, generator=torch.Generator().manual_seed(2))
+    qk = x[:, :2].flatten(1, 2)  # [num_tokens, 2 * num_heads, head_dim], token stride 3 * heads * dim
+    angles = torch.rand(num_tokens, head_dim // 2) * 20
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    want = reference.apply_rotary(qk, cos, sin)
+    got = vision_attention.apply_rotary(qk, cos, sin)
+    assert got.shape == qk.shape and got.is_contiguous()
+    assert rel_err(got, want) < 1e-6
+
+
+@cuda
+@pytest.mark.parametrize("head_dim", [64, 72])
+def test_cuda_rotary(head_dim, gpu_triton, poisoned):
+    x = torch.randn(4096, 3, 16, head_dim, device="cuda", dtype=torch.bfloat16)
+    qk = x[:, :2].flatten(1, 2)
+    angles = torch.rand(4096, head_dim // 2, device="cuda") * 60
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    want = reference.apply_rotary(qk, cos, sin)
+    got = vision_attention.apply_rotary(qk, cos, sin)
+    assert rel_err(got, want) < TOL[torch.bfloat16]

@@ -1,4 +1,5 @@
-"""Readable varlen attention without a mask: the reference the Triton kernel is tested against."""
+"""Readable varlen attention without a mask and the rotary before it: the references the Triton
+kernels are tested against."""
 
 from __future__ import annotations
 
@@ -24,3 +25,16 @@ def varlen_attention(
         probs = torch.softmax(torch.matmul(qs, ks.transpose(1, 2)) * scale, dim=-1)  # [heads, len, len]
         out[start:end] = torch.matmul(probs, vs).transpose(0, 1).to(q.dtype)
     return out
+
+
+def apply_rotary(
+    x: torch.Tensor,  # [num_tokens, rows, head_dim]: q and k of every head (any token stride)
+    cos: torch.Tensor,  # [num_tokens, head_dim] fp32
+    sin: torch.Tensor,
+) -> torch.Tensor:  # [num_tokens, rows, head_dim] in x's dtype, contiguous
+    """Rotate-half RoPE over the whole head with a per-token angle table, in fp32 as
+    transformers computes the vision towers' (apply_rotary_pos_emb_vision)."""
+    xf = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).to(x.dtype)

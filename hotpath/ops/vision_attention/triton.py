@@ -1,4 +1,5 @@
-"""Varlen attention without a mask: FlashAttention-style tiles with an online softmax.
+"""Varlen attention without a mask: FlashAttention-style tiles with an online softmax; and the
+rotary before it, in one pass over q and k.
 
 One program handles BLOCK_M consecutive queries of one segment and one head, and walks the keys of
 that segment only, BLOCK_N at a time; only the segment's last key tile needs a bound. The running
@@ -194,5 +195,59 @@ def varlen_attention(
         q.stride(0), k.stride(0), v.stride(0), out.stride(0), m_blocks,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, DIM_LO=dim_lo, DIM_HI=dim_hi,
         PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+@triton.jit
+def _rotary_kernel(
+    x_ptr,  # [T, R, D], strides (stride_xt, D, 1)
+    cos_ptr,  # [T, D] fp32, contiguous
+    sin_ptr,
+    out_ptr,  # [T, R, D] contiguous
+    R,
+    stride_xt,
+    HEAD_DIM: tl.constexpr,
+    ROWS: tl.constexpr,  # rows (heads of q and k) a program rotates
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    d = tl.arange(0, BLOCK_D)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    first_half = d < HALF
+    d_ok = d < HEAD_DIM
+    mask = (r < R)[:, None] & d_ok[None, :]
+    rows = r[:, None] * HEAD_DIM
+    x_rows = x_ptr + t * stride_xt + rows
+    x = tl.load(x_rows + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    # rotate-half: the partner of dim d is d + D/2 (negated) in the first half, d - D/2 in the second
+    partner = tl.load(x_rows + tl.where(first_half, d + HALF, d - HALF)[None, :], mask=mask, other=0.0)
+    partner = partner.to(tl.float32)
+    cos = tl.load(cos_ptr + t * HEAD_DIM + d, mask=d_ok, other=0.0)
+    sin = tl.load(sin_ptr + t * HEAD_DIM + d, mask=d_ok, other=0.0)
+    rotated = tl.where(first_half[None, :], -partner, partner)
+    out = x * cos[None, :] + rotated * sin[None, :]
+    tl.store(out_ptr + t * R * HEAD_DIM + rows + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def apply_rotary(
+    x: torch.Tensor,  # [num_tokens, rows, head_dim] (any token stride; else copied)
+    cos: torch.Tensor,  # [num_tokens, head_dim] fp32
+    sin: torch.Tensor,
+) -> torch.Tensor:  # [num_tokens, rows, head_dim] in x's dtype, contiguous
+    """Same contract as reference.apply_rotary."""
+    num_tokens, num_rows, head_dim = x.shape
+    if x.stride(1) != head_dim or x.stride(2) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty((num_tokens, num_rows, head_dim), dtype=x.dtype, device=x.device)
+    if num_tokens == 0:
+        return out
+    block_d = next_power_of_2(head_dim)
+    rows = min(next_power_of_2(num_rows), max(1, 4096 // block_d))  # ~4K elements a program
+    _rotary_kernel[(num_tokens, triton.cdiv(num_rows, rows))](
+        x, cos, sin, out, num_rows, x.stride(0),
+        HEAD_DIM=head_dim, ROWS=rows, BLOCK_D=block_d, num_warps=4,
     )
     return out
