@@ -35,6 +35,7 @@ from hotpath.engine.front import (
     ReplicaStats,
     RequestStream,
 )
+from hotpath.multimodal.inputs import ProcessedPrompt
 from hotpath.sampling_params import SamplingParams
 
 logger = logging.getLogger("hotpath")
@@ -148,7 +149,7 @@ class DataParallelFront(EngineFront):
 
     # ---- requests -----------------------------------------------------------------------------
     async def add_request(
-        self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams
+        self, request_id: str, prompt: str | list[int] | dict | ProcessedPrompt, params: SamplingParams
     ) -> RequestStream:
         """Routes the request (all n of its sequences) to one replica and queues it there."""
         if not self.is_running:
@@ -167,11 +168,16 @@ class DataParallelFront(EngineFront):
             if client.holds(request_id):
                 client.abort(request_id)
 
-    def _routing_token_ids(self, prompt: str | list[int] | dict) -> list[int]:
+    def _routing_token_ids(self, prompt: str | list[int] | dict | ProcessedPrompt) -> list[int]:
         """The prompt's token ids, to hash. The server tokenizes every OpenAI request before it
         gets here, so these are mostly given; a text prompt is tokenized as the engine will (so a
         text and its ids route alike). Without a tokenizer a text is routed by load alone (the
-        engine rejects it then anyway), and so is anything malformed, for the engine to reject."""
+        engine rejects it then anyway), and so is anything malformed, for the engine to reject.
+        A prompt with images is hashed up to its first image: the prefix cache keys the blocks
+        from there on by the images' content too, which these hashes do not see."""
+        if isinstance(prompt, ProcessedPrompt):
+            first = min((item.spans[0][0] for item in prompt.mm_items), default=len(prompt.prompt_token_ids))
+            return prompt.prompt_token_ids[:first]
         if isinstance(prompt, dict):
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if isinstance(prompt, str):

@@ -22,6 +22,7 @@ from hotpath.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from hotpath.engine.engine import Engine
+    from hotpath.multimodal.inputs import ProcessedPrompt
 
 
 class EngineDeadError(RuntimeError):
@@ -200,9 +201,10 @@ class EngineFront(ABC):
 
     @abstractmethod
     async def add_request(
-        self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams
+        self, request_id: str, prompt: str | list[int] | dict | ProcessedPrompt, params: SamplingParams
     ) -> RequestStream:
-        """Queues the request; returns its output stream once the engine accepted it.
+        """Queues the request; returns its output stream once the engine accepted it. A
+        ProcessedPrompt (images preprocessed by the server) goes to the engine as it is.
 
         Raises the engine's ValueError when it rejects the request, EngineDeadError when no engine
         serves."""

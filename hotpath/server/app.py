@@ -16,7 +16,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hotpath.args import EngineArgs
 from hotpath.engine.front import EngineDeadError, EngineFront
+from hotpath.multimodal.inputs import ProcessedPrompt
+from hotpath.server.chat_prompts import multimodal_inputs
 from hotpath.server.metrics import ServerMetrics
 from hotpath.server.protocol import (
     APIError,
@@ -131,14 +134,17 @@ async def _parse(request: Request, cls: type[BaseModel], max_body_bytes: int):
 def build_app(
     front: EngineFront,
     model_name: str,
+    engine_args: EngineArgs,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> _Guard:
     """The ASGI app around a (not yet started) engine front; its lifespan starts it and, once
-    uvicorn has drained the requests in flight, stops the engine."""
+    uvicorn has drained the requests in flight, stops the engine. `engine_args`: those the engine
+    was started with, for the image and video settings that the server applies."""
     metrics = ServerMetrics(model_name)
     front.on_finished = metrics.observe_finished
-    serving = OpenAIServing(front, model_name)
+    mm_inputs = multimodal_inputs(engine_args, front.info.model_dir, front.tokenizer)
+    serving = OpenAIServing(front, model_name, mm_inputs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -208,7 +214,10 @@ def build_app(
         if req.prompt is not None:
             tokens = serving.encode(req.prompt, req.add_special_tokens)
         else:
-            tokens = serving.chat_prompt(req.messages, req.add_generation_prompt)
+            prompt = await serving.chat_prompt(req.messages, req.add_generation_prompt,
+                                               mm_processor_kwargs=req.mm_processor_kwargs)
+            # with images, the ids the engine would run: placeholders expanded
+            tokens = prompt.prompt_token_ids if isinstance(prompt, ProcessedPrompt) else prompt
         return {"tokens": tokens, "count": len(tokens), "max_model_len": serving.max_model_len}
 
     @app.post("/detokenize")

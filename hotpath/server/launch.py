@@ -65,7 +65,7 @@ def run_server(
         signal.signal(signal.SIGTERM, previous)
     try:
         name = served_model_name or engine_args.model or _default_model_name()
-        app = build_app(front, name, api_key=api_key,
+        app = build_app(front, name, engine_args, api_key=api_key,
                         max_body_bytes=DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes)
         info = front.info
         if isinstance(front, DataParallelFront):

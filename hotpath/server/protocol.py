@@ -7,9 +7,9 @@ fields that change the output but that hotpath does not implement are rejected (
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class APIError(Exception):
@@ -82,17 +82,51 @@ class TextPart(_Request):
     text: str
 
 
+class MediaURL(_Request):
+    url: str
+    detail: str | None = None  # OpenAI's "low" / "high" / "auto"; the model's processor decides the size
+
+
+class ImageURLPart(_Request):
+    type: Literal["image_url"]
+    image_url: MediaURL
+
+
+class VideoURLPart(_Request):
+    """vLLM's video content part."""
+
+    type: Literal["video_url"]
+    video_url: MediaURL
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    # a string arrives as one text part: with no str member in this union, a bad part's error
+    # names that part alone (pydantic reports a failed match against every member)
+    content: list[ContentPart] | None = None
     name: str | None = None
 
-    def text(self) -> str:
+    @field_validator("content", mode="before")
+    @classmethod
+    def _string_as_text_part(cls, content: Any) -> Any:
+        if isinstance(content, str):
+            return [{"type": "text", "text": content}]
+        if content is not None and not isinstance(content, list):
+            raise ValueError("content must be a string or a list of content parts")
+        return content
+
+    def template_message(self) -> dict[str, Any]:
+        """The message as the chat template takes it: text parts joined into one string (which
+        text-only templates need), a list of parts where an image or video is among them."""
+        role = "system" if self.role == "developer" else self.role
         if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+            return {"role": role, "content": ""}
+        if all(isinstance(part, TextPart) for part in self.content):
+            return {"role": role, "content": "".join(part.text for part in self.content)}
+        return {"role": role, "content": [part.model_dump(exclude_none=True) for part in self.content]}
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -104,6 +138,8 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: per-request image / video preprocessing (min_pixels, max_pixels, fps)
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 class TokenizeRequest(_Request):
@@ -112,6 +148,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Request):

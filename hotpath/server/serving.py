@@ -19,18 +19,22 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from hotpath.engine.front import EngineDeadError, EngineFront, RequestStream
+from hotpath.engine.mm_inputs import MultiModalInputs
+from hotpath.multimodal.inputs import ProcessedPrompt
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
 from hotpath.sampling_params import MAX_LOGPROBS, SamplingParams
-from hotpath.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from hotpath.server.chat_prompts import ChatPrompts, require_tokenizer
+from hotpath.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
 
 MAX_N = 128  # choices per request, as OpenAI caps n
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; tokens masked by top-k/top-p get this, as in vLLM
 
 
 class OpenAIServing:
-    def __init__(self, front: EngineFront, model_name: str) -> None:
+    def __init__(self, front: EngineFront, model_name: str, mm_inputs: MultiModalInputs) -> None:
         self.front = front
         self.tokenizer = front.tokenizer
+        self.chat_prompts = ChatPrompts(front.tokenizer, mm_inputs)
         self.model_name = model_name
         self.max_model_len = front.info.max_model_len
         self.vocab_size = front.info.vocab_size
@@ -49,10 +53,7 @@ class OpenAIServing:
 
     # ---- prompts ------------------------------------------------------------------------
     def require_tokenizer(self):
-        if self.tokenizer is None:
-            raise APIError(400, "this server runs without a tokenizer (--skip-tokenizer-init): "
-                                "send prompts as token ids")
-        return self.tokenizer
+        return require_tokenizer(self.tokenizer)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.require_tokenizer().encode(text, add_special_tokens=add_special_tokens))
@@ -81,22 +82,14 @@ class OpenAIServing:
             result.append(ids)
         return result
 
-    def chat_prompt(self, messages, add_generation_prompt: bool = True,
-                    chat_template_kwargs: dict | None = None) -> list[int]:
-        tok = self.require_tokenizer()
-        if not tok.chat_template:
-            raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions",
-                           param="messages")
-        conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in messages]
-        try:
-            ids = tok.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                          tokenize=True, **(chat_template_kwargs or {}))
-        except Exception as e:  # the template's own errors (jinja raise_exception) are user input errors
-            raise APIError(400, f"cannot apply the chat template to these messages: {e}",
-                           param="messages") from e
-        # transformers 5 returns a BatchEncoding here, 4.x a plain list
-        return list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+    async def chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                          chat_template_kwargs: dict | None = None,
+                          mm_processor_kwargs: dict | None = None) -> list[int] | ProcessedPrompt:
+        prompt = await self.chat_prompts.prompt(messages, add_generation_prompt, chat_template_kwargs,
+                                                mm_processor_kwargs)
+        ids = prompt.prompt_token_ids if isinstance(prompt, ProcessedPrompt) else prompt
+        self.check_token_ids(ids, "messages")
+        return prompt
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> None:
         limit = self.max_model_len
@@ -242,14 +235,16 @@ class OpenAIServing:
             raise APIError(400, "only response_format type 'text' is supported", param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-        ids = self.chat_prompt(req.messages, req.add_generation_prompt, req.chat_template_kwargs)
-        self.check_token_ids(ids, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        self.check_length(len(ids), max_tokens, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        # the sampling fields first: they are checked before any image is fetched or decoded
         params = self.sampling_params(req, max_tokens, logprobs, "top_logprobs")
+        prompt = await self.chat_prompt(req.messages, req.add_generation_prompt, req.chat_template_kwargs,
+                                        req.mm_processor_kwargs)
+        num_tokens = len(prompt.prompt_token_ids if isinstance(prompt, ProcessedPrompt) else prompt)
+        self.check_length(num_tokens, max_tokens, "messages")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self._add(request_id, [ids], params)
+        streams = await self._add(request_id, [prompt], params)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(self._chat_chunks(request_id, streams[0], params, include_usage), streams)
@@ -321,13 +316,16 @@ class OpenAIServing:
         return content
 
     # ---- engine ---------------------------------------------------------------------------
-    async def _add(self, request_id: str, prompts: list[list[int]], params: SamplingParams) -> list[RequestStream]:
+    async def _add(self, request_id: str, prompts: list[list[int] | ProcessedPrompt],
+                   params: SamplingParams) -> list[RequestStream]:
         """Queues one engine request per prompt; on any failure none stays queued."""
         streams: list[RequestStream] = []
         try:
-            for i, ids in enumerate(prompts):
+            for i, prompt in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await self.front.add_request(rid, {"prompt_token_ids": ids}, params))
+                if not isinstance(prompt, ProcessedPrompt):
+                    prompt = {"prompt_token_ids": prompt}
+                streams.append(await self.front.add_request(rid, prompt, params))
         except BaseException as e:
             for s in streams:
                 s.close()
