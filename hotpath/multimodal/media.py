@@ -57,6 +57,13 @@ class MediaPolicy:
             raise ValueError(f"max_pixels must be positive, got {self.max_pixels}")
 
 
+def _registered(formats: tuple[str, ...]) -> list[str]:
+    """The formats this Pillow can open (one that no longer registers a format, as Pillow 13 with
+    MPO, would otherwise fail every format after it)."""
+    Image.init()
+    return [f for f in formats if f in Image.OPEN]
+
+
 def load_bytes(source: str, policy: MediaPolicy) -> bytes:
     """The bytes behind an http(s) URL, a data: URL, a file: URL or a local path."""
     parts = urlsplit(source)
@@ -86,7 +93,7 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
         with warnings.catch_warnings():
             # our max_pixels is the bomb guard; PIL's own warning threshold would only add noise
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+            image = Image.open(io.BytesIO(data), formats=_registered(IMAGE_FORMATS))
             width, height = image.size
             if width * height > policy.max_pixels:
                 raise MediaError(f"image is {width}x{height} = {width * height} pixels, over the "

@@ -34,7 +34,7 @@ def test_gpu_images_match_hf(name, tiny_model_factory):
                 "multi_modal_data": {"image": [image(300, 500, 1), image(37, 91, 2)]}},
                {"prompt_token_ids": [START, IMG, END] + text(20), "multi_modal_data": {"image": image(640, 480, 3)}},
                {"prompt_token_ids": text(30)}]
-    llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype="float32", max_model_len=2048,
+    llm = LLM(str(path), skip_tokenizer_init=True, device="cuda", dtype="float32", max_model_len=1024,
               num_gpu_blocks_override=512)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
