@@ -196,3 +196,28 @@ def test_preemption_and_tensor_parallel_workers(vl_model):
     got, preemptions = run(num_gpu_blocks_override=16, block_size=8, max_num_batched_tokens=48)
     assert preemptions > 0 and got == want
     assert run(tensor_parallel_size=2)[0] == want
+
+
+def test_video_and_image_chat_match_hf(tmp_path_factory):
+    """A 3-frame video (Qwen3-VL's timestamp text between its frames) and an image in one chat,
+    through LLM.chat with a real tokenizer: HF's argmax at every step."""
+    import transformers
+    from tiny_vl_chat_model import make_tiny_vl_chat_model
+
+    path = make_tiny_vl_chat_model(tmp_path_factory.mktemp("vl-chat"))
+    hf = transformers.Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=1024)
+    frames = [random_image(70, 100, 20 + i) for i in range(3)]
+    messages = [{"role": "user", "content": [
+        {"type": "video", "video": frames}, {"type": "text", "text": "Describe the video."},
+        {"type": "image", "image": random_image(90, 60, 30)}]}]
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    out = llm.chat(messages, params, use_tqdm=False)[0].outputs[0].token_ids
+    from hotpath.multimodal.chat import extract_media
+
+    conversation, media = extract_media(messages)
+    processed = llm.engine.process_prompt({"prompt_token_ids": llm.apply_chat_template(conversation),
+                                           "multi_modal_data": media})
+    video = next(i for i in processed.mm_items if i.modality == "video")
+    assert video.grid_thw[0] >= 2 and len(video.spans) == video.grid_thw[0]  # a span per frame pair
+    hf_check(hf, processed, out)
