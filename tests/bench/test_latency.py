@@ -42,7 +42,7 @@ def test_speculative_steps_count_every_token(tiny_model_factory):
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "adaptive": False}
     engine = Engine(EngineArgs(model=str(path), device="cpu", dtype="float32", skip_tokenizer_init=True,
                                max_model_len=256, speculative_config=spec))
-    ns = argparse.Namespace(input_len=24, output_len=40)
+    ns = argparse.Namespace(input_len=24, output_len=40, images=0)
     res = latency._time_batch(engine, ns, 2)
     steps = (ns.output_len - 1) / res["tokens_per_step"]
     assert res["tokens_per_step"] > 1 and res["spec_accepted_tokens"] > 0

@@ -9,7 +9,9 @@ from hotpath.bench.roofline import decode_weight_bytes, kv_bytes_per_token, pref
 from hotpath.models.registry import config_from_hf, get_model_class
 
 # totals on the model cards (rounded there, hence the 1% tolerance)
-PUBLISHED_PARAMS = {"qwen3.5-0.8b": 0.8e9, "qwen3.5-27b": 27e9, "qwen3.5-9b": 9e9, "qwen3-next-80b-a3b": 80e9, "qwen3.5-35b-a3b": 35e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9, "qwen2.5-coder-0.5b": 0.49e9, "qwen2.5-coder-1.5b": 1.54e9}
+PUBLISHED_PARAMS = {"qwen3.5-0.8b": 0.8e9, "qwen3.5-27b": 27e9, "qwen3.5-9b": 9e9, "qwen3-next-80b-a3b": 80e9, "qwen3.5-35b-a3b": 35e9, "qwen3-30b-a3b": 30.5e9, "qwen3-235b-a22b": 235e9, "qwen3-0.6b": 0.6e9, "qwen3-8b": 8.2e9, "qwen3-32b": 32.8e9, "qwen2.5-coder-32b": 32.5e9, "qwen2.5-coder-0.5b": 0.49e9, "qwen2.5-coder-1.5b": 1.54e9,
+                    # the image-text models, their vision towers included
+                    "qwen3-vl-8b": 8.77e9, "qwen3-vl-30b-a3b": 31.1e9, "qwen3.5-35b-a3b-vl": 35e9}
 
 
 def meta_model(name):
@@ -114,3 +116,12 @@ def test_hybrid_presets_and_state_bytes():
     per_layer = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
     assert state_bytes_per_sequence(cfg, torch.bfloat16) == 36 * per_layer
     assert state_bytes_per_sequence(config_from_hf(PRESETS["qwen3-8b"]), torch.bfloat16) == 0
+
+
+def test_vision_tower_is_not_read_at_decode():
+    """An image-text model's decode reads its text model's bytes: Qwen3-VL-8B's text model is
+    Qwen3-8B's shape, its tower (0.58B parameters) runs at prefill only."""
+    cfg_vl, vl = meta_model("qwen3-vl-8b")
+    cfg, text = meta_model("qwen3-8b")
+    assert sum(p.numel() for n, p in vl.named_parameters() if n.startswith("visual.")) > 0.5e9
+    assert decode_weight_bytes(vl, cfg_vl, 1) == decode_weight_bytes(text, cfg, 1)
