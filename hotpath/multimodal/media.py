@@ -210,7 +210,8 @@ def _data_url_bytes(url: str, policy: MediaPolicy) -> bytes:
     if not comma:
         raise MediaError("a data: URL needs a ',' before its data")
     if header.lower().endswith(";base64"):
-        payload = "".join(payload.split())  # some clients wrap long base64 lines
+        if any(c in payload for c in " \t\r\n"):  # some clients wrap long base64 lines
+            payload = "".join(payload.split())
         if len(payload) // 4 * 3 > policy.max_bytes:
             raise MediaError(f"the data: URL holds over {policy.max_bytes} bytes (max_bytes)")
         try:

@@ -92,7 +92,7 @@ class MultiModalProcessor:
         image_rows = [self._image(image, settings) for image in images]
         video_rows = [self._video(video, settings) for video in videos]
         merge = self.image_config.merge_size ** 2
-        image_tokens = [math.prod(grid) // merge for _, grid in image_rows]
+        image_tokens = [math.prod(grid) // merge for _, grid, _ in image_rows]
         frame_tokens = [video.grid_thw[1] * video.grid_thw[2] // self.video_config.pixels.merge_size ** 2
                         for video in video_rows]
         if text is not None:
@@ -105,7 +105,8 @@ class MultiModalProcessor:
         video_spans = _placeholder_spans(token_ids, self.tokens.video,
                                          [n * v.grid_thw[0] for n, v in zip(frame_tokens, video_rows)],
                                          "<|video_pad|>")
-        items = [_item("image", spans, grid, rows) for spans, (rows, grid) in zip(image_spans, image_rows)]
+        items = [_item("image", spans, grid, rows, resized)
+                 for spans, (rows, grid, resized) in zip(image_spans, image_rows)]
         items += [_item("video", spans, v.grid_thw, v.pixel_values) for spans, v in zip(video_spans, video_rows)]
         items.sort(key=lambda item: item.spans[0][0])
         return ProcessedPrompt(prompt=text, prompt_token_ids=token_ids, mm_items=items)
@@ -139,7 +140,7 @@ class MultiModalProcessor:
                 raise ValueError(f"the prompt has {found[name]} <|{name}_pad|> placeholder(s) but {num_items} "
                                  f"{name}(s) were given; write one placeholder per {name}")
 
-    def _image(self, image: Any, settings: _Settings) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    def _image(self, image: Any, settings: _Settings) -> tuple[torch.Tensor, tuple[int, int, int], np.ndarray]:
         if isinstance(image, (str, bytes)):
             image = load_image(image, self.media_policy)
         return preprocess_image(to_rgb_array(image), self.image_config, settings.min_pixels, settings.max_pixels)
@@ -249,8 +250,10 @@ def _placeholder_spans(token_ids: list[int], token_id: int, counts: list[int], n
 
 
 def _item(modality: str, spans: list[tuple[int, int]], grid: tuple[int, int, int],
-          pixel_values: torch.Tensor) -> MultiModalItem:
-    digest = hashlib.sha256(f"{modality}:{grid[0]},{grid[1]},{grid[2]}:".encode())
-    digest.update(pixel_values.contiguous().numpy().data)
+          pixel_values: torch.Tensor, source: np.ndarray | None = None) -> MultiModalItem:
+    """`source`: the uint8 pixels the rows were made from (an image's resized frame), hashed in
+    their place: the same identity at an eighth of the bytes (the rows repeat the frame in fp32)."""
+    digest = hashlib.sha256(f"{modality}:{grid[0]},{grid[1]},{grid[2]}:{'u8' if source is not None else 'f32'}:".encode())
+    digest.update(np.ascontiguousarray(source).data if source is not None else pixel_values.contiguous().numpy().data)
     return MultiModalItem(modality=modality, spans=spans, grid_thw=grid, pixel_values=pixel_values,
                           content_hash=digest.hexdigest())

@@ -34,8 +34,11 @@ class VisualInputs:
             pixels = torch.cat([item.pixel_values for item in todo]).to(self.device, self.dtype, non_blocking=True)
             embeds, deepstack = self.model.visual(pixels, [item.grid_thw for item in todo])
             sizes = [item.num_tokens for item in todo]
-            for i, (item, e) in enumerate(zip(todo, embeds.split(sizes))):
-                out = (e, [level.split(sizes)[i] for level in deepstack])
+            # each item's rows a tensor of its own, so an evicted one frees its memory
+            own = (lambda x: x.clone()) if len(todo) > 1 else (lambda x: x)
+            parts = [embeds.split(sizes)] + [level.split(sizes) for level in deepstack]
+            for item, *rows in zip(todo, *parts):
+                out = (own(rows[0]), [own(level) for level in rows[1:]])
                 cache.put(item.content_hash, out)
                 found[item.content_hash] = out
         return found
