@@ -4,12 +4,12 @@
 # transformers), Qwen3-VL-30B-A3B and Qwen3.5-35B-A3B (the tower alone on 1 and 8 images, the
 # text-only TPOT beside); Qwen3-8B text decode against the tree before (.baseline/); 16 concurrent
 # image chats through `hotpath serve`. Needs .whl/ (scripts/gpu_assets.sh) for the server.
-# Usage: bash scripts/gpu_vision.sh [tests] [latency] [baseline] [serve]
+# Usage: bash scripts/gpu_vision.sh [tests] [latency] [baseline] [preprocess] [serve]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT=${OUT:-/tmp/hotpath-gpu}
 mkdir -p "$OUT"
-what=" ${*:-tests latency baseline serve} "
+what=" ${*:-tests latency baseline preprocess serve} "
 here=$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 # the server's wheels, and httpx (media URLs), which the device image may lack
@@ -38,6 +38,10 @@ if [[ $what == *" baseline "* ]]; then
     lat "$here" "new_qwen3-8b_$run" --preset qwen3-8b --batch-size 1 --input-len 512 --output-len 256
   done
 fi
+if [[ $what == *" preprocess "* ]]; then  # the server front end's host work alone
+  python3 benchmarks/preprocess_bench.py --preset qwen3-vl-8b --num-images 16 --image-size 1280x1280 \
+    --json "$OUT/preprocess_16.json" | tee -a "$OUT/summary.txt"
+fi
 if [[ $what == *" serve "* ]]; then
   tok=/tmp/qwen3-vl-tokenizer
   mkdir -p $tok && cp .whl/qwen3-tokenizer/* $tok/
@@ -57,7 +61,7 @@ PY
     sleep 1
   done
   python3 benchmarks/vision_serve.py --base-url http://127.0.0.1:8000/v1 --model qwen3-vl-8b-dummy \
-    --num-requests 16 --image-size 1280x1280 --max-tokens 128 --output-json "$OUT/vision_serve_16.json" \
+    --num-requests 16 --image-size 1280x1280 --max-tokens 128 --output-json "$OUT/vision_serve_16${SERVE_TAG:-}.json" \
     2>&1 | tail -12 | tee -a "$OUT/summary.txt"
   kill -TERM $server
   wait $server

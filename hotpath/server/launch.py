@@ -63,6 +63,12 @@ def run_server(
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if engine_process:
+        # this process runs no model, only requests' preprocessing on many threads at once: torch
+        # ops with intra-op threads each would oversubscribe the cores (and spin beside the engine)
+        import torch
+
+        torch.set_num_threads(1)
     try:
         name = served_model_name or engine_args.model or _default_model_name()
         app = build_app(front, name, engine_args, api_key=api_key,
