@@ -59,7 +59,7 @@ def _fused(**launch):
                eps, cu_query_lens, context_lens, block_tables, scale, max_query_len, max_context_len):
         return triton_decode.paged_attention(
             q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
-            max_context_len, rope=(k, v, cos_sin, q_norm_w, k_norm_w, eps, None), **launch)
+            max_context_len, rope=(k, v, cos_sin, q_norm_w, k_norm_w, eps), **launch)
     return attend
 
 

@@ -147,10 +147,12 @@ def new_token_slots(b, qlens, ctxs, block_size=4):
 
 def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, device,
                      num_splits=None, layout="nhd", num_kv_heads=2, block_size=4, max_context_len=None,
-                     kv_dtype=None):
+                     kv_dtype=None, positions_apart=False):
     """rope_and_paged_attention (one decode kernel) against qk_norm_rope_and_cache then attention,
     both in the reference: the output, and every cache slot (the new tokens' keys and values).
-    With an fp8 `kv_dtype`, the cache is fp8 (scales K_SCALE, V_SCALE)."""
+    With an fp8 `kv_dtype`, the cache is fp8 (scales K_SCALE, V_SCALE). `positions_apart`: the
+    tokens rotate at positions of their own (an mRoPE model's: each sequence's cache positions
+    shifted by its own offset, and one token at a row past the context), given to the kernel."""
     from hotpath.ops.attention import triton_decode
     from hotpath.ops.rotary import reference as rotary_reference
 
@@ -169,6 +171,12 @@ def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, d
     v_new = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g).to(device, dtype)
     positions, slots = new_token_slots(b, qlens, ctxs, block_size)
     table = cos_sin(max(512, max(ctxs)), rotary_dim, device)
+    rope_positions = None
+    if positions_apart:
+        shifts = torch.randint(-3, 0, (len(qlens),), generator=g).repeat_interleave(torch.tensor(qlens))
+        positions = (positions.cpu() + shifts).clamp(min=0)
+        positions[-1] = table.shape[0] - 1  # a visual token's row past the text positions
+        positions = rope_positions = positions.to(device)
     weights = (None, None)
     if qk_norm:
         weights = tuple((1 + 0.2 * torch.randn(head_dim, generator=g)).to(device, dtype) for _ in range(2))
@@ -183,7 +191,8 @@ def check_rope_fused(qlens, ctxs, group, head_dim, rotary_dim, qk_norm, dtype, d
     rope = (k_new, v_new, table, *weights, 1e-6)
     got = triton_decode.paged_attention(b.q, b.k_cache, b.v_cache, b.cu_query_lens, b.context_lens,
                                         b.block_tables, 0.3, b.max_query_len, b.max_context_len,
-                                        num_splits=num_splits, rope=rope, **scales)
+                                        num_splits=num_splits, rope=rope, rope_positions=rope_positions,
+                                        **scales)
     assert rel_err(got, want) < TOL[dtype]
     for got_cache, want_cache in ((b.k_cache, want_k), (b.v_cache, want_v)):
         assert torch.equal(got_cache.isnan(), want_cache.isnan())  # the same slots written
@@ -206,6 +215,14 @@ def test_interpreter_rope_fused_decode(num_splits, qk_norm, head_dim, rotary_dim
     """Decodes at block boundaries and a verify step whose new tokens straddle splits."""
     check_rope_fused([1, 4, 1, 3], [1, 9, 17, 30], 2, head_dim, rotary_dim, qk_norm,
                      torch.float32, "cpu", num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_interpreter_rope_fused_positions_apart(num_splits, interpreter, poisoned):
+    """mRoPE models: the kernel rotates at the positions it is given, not at the cache positions
+    (one split: the query rotated after the cache write; several: before)."""
+    check_rope_fused([1, 4, 1, 3], [1, 9, 17, 30], 2, 16, 16, True, torch.float32, "cpu", num_splits,
+                     positions_apart=True)
 
 
 @pytest.mark.parametrize("num_splits", [None, 3, 7])

@@ -51,7 +51,12 @@ from hotpath.bench.presets import PRESETS  # noqa: E402
 from hotpath.config import ModelConfig  # noqa: E402
 from hotpath.models.registry import config_from_hf, get_model_class  # noqa: E402
 from hotpath.ops import backend, triton_utils  # noqa: E402
-from hotpath.ops.attention import decode_splits, paged_attention, write_kv_cache  # noqa: E402
+from hotpath.ops.attention import (  # noqa: E402
+    decode_splits,
+    paged_attention,
+    rope_and_paged_attention,
+    write_kv_cache,
+)
 from hotpath.ops.gated_delta import decode_step, triton_chunked, triton_conv  # noqa: E402
 from hotpath.ops.moe import add_into_residual  # noqa: E402
 from hotpath.ops.norm import gated_rms_norm  # noqa: E402
@@ -470,6 +475,25 @@ def _allreduce_steps(run: Run, target: Target, step: list[str]) -> None:
 
 
 
+def _mrope_decode_steps(run: Run, model: torch.nn.Module, step: list[str]) -> None:
+    """Image-text models' decode: the fused decode kernel rotating at the positions it is given
+    (mRoPE), at batch 1 (with splits) and 64, on the qwen3-8b run's layer (Qwen3-VL-8B's)."""
+    if run.name != "qwen3-8b":
+        return
+    cfg = model.config
+    attn = model.model.layers[0].self_attn
+    k_cache, v_cache = attn.attn.caches()
+    for bs in (1, 64):
+        step[0] = f"{run.name}/mrope-decode-b{bs}"
+        batch = _batch([1] * bs, [1000] * bs, cfg.max_position_embeddings)
+        q = torch.empty(bs, cfg.num_attention_heads, cfg.head_dim, dtype=torch.bfloat16, device=META)
+        kv = torch.empty(bs, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.bfloat16, device=META)
+        rope_and_paged_attention(q, kv, kv, batch.slot_mapping, attn.rotary.cos_sin_cache, k_cache, v_cache,
+                                 batch.slot_mapping, attn.q_norm.weight, attn.k_norm.weight, 1e-6,
+                                 batch.cu_query_lens, batch.context_lens, batch.block_tables,
+                                 cfg.head_dim**-0.5, 1, batch.max_context_len, positions_apart=True)
+
+
 def _vision_steps(run: Run, target: Target, step: list[str]) -> None:
     """The vision tower (hotpath/models/vision.py), one block of it in bf16, once, at
     Qwen3-VL-8B's widths (head_dim 72: the attention kernel's two dots) and Qwen3-VL-4B's
@@ -539,6 +563,7 @@ def recorded(target: Target) -> list[Launch]:
             _moe_int4_steps(run, target, step, roles)
             _allreduce_steps(run, target, step)
             _vision_steps(run, target, step)
+            _mrope_decode_steps(run, model, step)
         launches += launched
     return launches
 

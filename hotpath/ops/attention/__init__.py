@@ -107,8 +107,8 @@ def rope_and_paged_attention(
 
         return triton_decode.paged_attention(
             q, k_cache, v_cache, cu_query_lens, context_lens, block_tables, scale, max_query_len,
-            max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
-                                   positions if positions_apart else None),
+            max_context_len, rope=(k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps),
+            rope_positions=positions if positions_apart else None,
             k_scale=k_scale, v_scale=v_scale,
         )
     from hotpath.ops.rotary import qk_norm_rope_and_cache

@@ -527,17 +527,18 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
+    rope_positions: torch.Tensor | None = None,  # [num_tokens] int64, with rope
     k_scale: float = 1.0,  # fp8 cache: k = k_cache * k_scale (ignored for other caches)
     v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Same contract as reference.paged_attention; meant for small max_query_len (decode, verify).
 
-    With `rope` = (k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps, positions), q, k and v
-    are the raw projections of this step's tokens and the kernel first does what
-    qk_norm_rope_and_cache does (QK-norm when the weights are given, RoPE, k and v into the cache),
-    cache slots being the last query_len of each sequence's context, through its block table, and
-    so are the positions it rotates at unless `positions` ([num_tokens] int64, or None) names
-    them. One launch fewer per layer. An fp8 cache holds k / k_scale and v / v_scale (the rows ROPE writes too)."""
+    With `rope` = (k, v, cos_sin_cache, q_norm_weight, k_norm_weight, eps), q, k and v are the raw
+    projections of this step's tokens and the kernel first does what qk_norm_rope_and_cache does
+    (QK-norm when the weights are given, RoPE, k and v into the cache), cache slots being the last
+    query_len of each sequence's context, through its block table, and so are the positions it
+    rotates at unless `rope_positions` names them (mRoPE models). One launch fewer per layer. An
+    fp8 cache holds k / k_scale and v / v_scale (the rows ROPE writes too)."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
@@ -575,17 +576,18 @@ def paged_attention(
         )
     use_pdl = pdl_enabled(q.device)
     if rope is not None:
-        k_new, v_new, cos_sin, q_norm_w, k_norm_w, norm_eps, rope_pos = rope
+        k_new, v_new, cos_sin, q_norm_w, k_norm_w, norm_eps = rope
         assert k_new.stride(2) == 1 and v_new.stride(2) == 1 and cos_sin.stride(1) == 1
         assert cos_sin.shape[1] % 2 == 0 and cos_sin.shape[1] <= head_dim
         has_norm = q_norm_w is not None
-        rope_args = (k_new, v_new, cos_sin, q if rope_pos is None else rope_pos,
+        rope_args = (k_new, v_new, cos_sin, q if rope_positions is None else rope_positions,
                      q_norm_w if has_norm else q, k_norm_w if has_norm else q, norm_eps)
         rope_strides = (k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
                         cos_sin.stride(0))
         half = cos_sin.shape[1] // 2
     else:
-        has_norm, half, rope_pos = False, 1, None
+        assert rope_positions is None, "rope_positions without rope"
+        has_norm, half = False, 1
         rope_args, rope_strides = (q, q, q, q, q, q, 0.0), (0, 0, 0, 0, 0)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, cu_query_lens, context_lens, block_tables,
@@ -600,7 +602,7 @@ def paged_attention(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DIRECT=direct, MERGE_M=merge_m,
         SPLIT_CHUNK=merge_chunk(num_splits, merge_m * head_dim_pad),
         PRECISION=dot_precision(q.dtype), USE_PDL=use_pdl, ROPE=rope is not None,
-        ROPE_POSITIONS=rope_pos is not None,
+        ROPE_POSITIONS=rope_positions is not None,
         HAS_NORM=has_norm, HALF=half, BLOCK_T=max(2, next_power_of_2(max_query_len)),
         KV_LINES=max(1, head_dim_pad * k_cache.element_size() // 128), DEFER=defer,
         Q_ROWS=merge_m,
