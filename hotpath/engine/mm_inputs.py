@@ -14,9 +14,8 @@ from hotpath.args import EngineArgs
 from hotpath.config import ModelConfig
 from hotpath.multimodal.inputs import MultiModalItem, ProcessedPrompt
 from hotpath.multimodal.media import MediaPolicy
-from hotpath.multimodal.processor import MultiModalProcessor
+from hotpath.multimodal.processor import MODALITIES, MultiModalProcessor, media_lists
 
-MODALITIES = ("image", "video")
 # the most items of each kind one prompt may carry where --limit-mm-per-prompt does not say
 DEFAULT_LIMITS = {"image": 16, "video": 2}
 
@@ -77,12 +76,9 @@ class MultiModalInputs:
         data = prompt["multi_modal_data"]
         if not isinstance(data, dict):
             raise ValueError("multi_modal_data must be a dict: {\"image\": ..., \"video\": ...}")
-        unknown = [k for k in data if k not in MODALITIES]
-        if unknown:
-            raise ValueError(f"multi_modal_data names {unknown}; this model takes {', '.join(MODALITIES)}")
         processor = self.processor
-        data = {k: v if isinstance(v, list) else [v] for k, v in data.items()}
-        self._check_counts({k: len(v) for k, v in data.items()})
+        images, videos = media_lists(data)
+        self._check_counts({"image": len(images), "video": len(videos)})
         text = prompt.get("prompt")
         source = prompt.get("prompt_token_ids", text)
         if source is None:

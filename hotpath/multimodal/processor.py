@@ -82,7 +82,7 @@ class MultiModalProcessor:
 
     def process(self, prompt: str | list[int], mm_data: dict[str, Any],
                 mm_processor_kwargs: dict[str, Any] | None = None) -> ProcessedPrompt:
-        images, videos = _media_lists(mm_data)
+        images, videos = media_lists(mm_data)
         settings = self._settings(mm_processor_kwargs or {})
         text = prompt if isinstance(prompt, str) else None
         if text is not None and self._strings is None:
@@ -207,7 +207,8 @@ def _check_positive_int(key: str, value: Any) -> None:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
 
 
-def _media_lists(mm_data: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+def media_lists(mm_data: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """multi_modal_data's (images, videos), each a list of items."""
     unknown = sorted(set(mm_data) - set(MODALITIES))
     if unknown:
         raise ValueError(f"unknown multi_modal_data keys {unknown}; supported: {list(MODALITIES)}")
