@@ -221,3 +221,25 @@ def test_video_and_image_chat_match_hf(tmp_path_factory):
     video = next(i for i in processed.mm_items if i.modality == "video")
     assert video.grid_thw[0] >= 2 and len(video.spans) == video.grid_thw[0]  # a span per frame pair
     hf_check(hf, processed, out)
+
+
+def test_mtp_speculation_with_images(tmp_path):
+    """Qwen3.5's own MTP head drafting on image prompts (its rows at plain positions): the
+    verified output is the plain engine's, token for token."""
+    from tiny_models import make_tiny_model
+
+    make_tiny_model("qwen3_5-vl", tmp_path, mtp_layers=1)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    prompts = [{"prompt_token_ids": two_image_prompt(s),
+                "multi_modal_data": {"image": [random_image(90, 60 + s, s), random_image(40, 70, 9 + s)]}}
+               for s in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    def run(**kwargs) -> tuple[list[list[int]], LLM]:
+        llm = LLM(str(tmp_path), skip_tokenizer_init=True, device="cpu", dtype="float32", max_model_len=512,
+                  **kwargs)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], llm
+
+    plain, _ = run()
+    drafted, llm = run(speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    assert llm.engine.spec_stats.num_draft_tokens > 0 and drafted == plain
