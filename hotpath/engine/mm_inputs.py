@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hotpath.args import EngineArgs
-from hotpath.config import ModelConfig
+from hotpath.config import ModelConfig, MultiModalConfig
 from hotpath.multimodal.inputs import MultiModalItem, ProcessedPrompt
 from hotpath.multimodal.media import MediaPolicy
 from hotpath.multimodal.processor import MODALITIES, MultiModalProcessor, media_lists
@@ -56,15 +56,19 @@ class MultiModalInputs:
                                         allowed_media_domains=args.allowed_media_domains)
         self._processor = None
 
+    def _require_multimodal(self) -> MultiModalConfig:
+        mm = self.model_config.multimodal
+        if mm is None:
+            why = " (it was loaded with language_model_only)" if self.language_model_only else ""
+            raise ValueError(f"{self.model_config.architecture} takes no images or videos{why}; "
+                             "send text only")
+        return mm
+
     @property
-    def processor(self):
+    def processor(self) -> MultiModalProcessor:
         """The model's image and video processor (built on first use)."""
         if self._processor is None:
-            mm = self.model_config.multimodal
-            if mm is None:
-                why = " (it was loaded with language_model_only)" if self.language_model_only else ""
-                raise ValueError(f"{self.model_config.architecture} takes no images or videos{why}; "
-                                 "send text only")
+            mm = self._require_multimodal()
             ids = {f"{key}_token_id": getattr(mm, f"{key}_token_id")
                    for key in ("image", "video", "vision_start", "vision_end")}
             self._processor = MultiModalProcessor.from_model_dir(self.model_dir, ids, self.tokenizer,
@@ -91,8 +95,7 @@ class MultiModalInputs:
 
     def check_items(self, items: list[MultiModalItem]) -> None:
         """A preprocessed prompt's items: this model takes them, within the limits."""
-        if self.model_config.multimodal is None:
-            self.processor  # raises: this model takes none
+        self._require_multimodal()
         counts = {m: sum(1 for item in items if item.modality == m) for m in MODALITIES}
         self._check_counts(counts)
 

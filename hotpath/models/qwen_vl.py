@@ -25,12 +25,11 @@ import torch
 
 from hotpath.config import ModelConfig, MultiModalConfig
 from hotpath.layers.linear import WeightLoaders
-from hotpath.models.decoder import CausalLM
 from hotpath.models.llama import Qwen3ForCausalLM
 from hotpath.models.mtp import split_fused_experts
 from hotpath.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 from hotpath.models.qwen_moe import Qwen3MoeForCausalLM
-from hotpath.models.vision import VisionTower, VisionConfig
+from hotpath.models.vision import VisionConfig, VisionTower
 
 logger = logging.getLogger("hotpath")
 
@@ -110,14 +109,21 @@ class VisionLanguage:
         return weights
 
 
-class Qwen3VLForConditionalGeneration(VisionLanguage, Qwen3ForCausalLM):
+class _Qwen3VL(VisionLanguage):
     MROPE_SECTION = (24, 20, 20)
     TOKEN_IDS = (151655, 151656, 151652, 151653)
 
 
-class Qwen3VLMoeForConditionalGeneration(VisionLanguage, Qwen3MoeForCausalLM):
-    MROPE_SECTION = (24, 20, 20)
-    TOKEN_IDS = (151655, 151656, 151652, 151653)
+class _Qwen3_5VL(VisionLanguage):
+    MROPE_SECTION = (11, 11, 10)
+    TOKEN_IDS = (248056, 248057, 248053, 248054)
+
+
+class Qwen3VLForConditionalGeneration(_Qwen3VL, Qwen3ForCausalLM):
+    pass
+
+
+class Qwen3VLMoeForConditionalGeneration(_Qwen3VL, Qwen3MoeForCausalLM):
 
     @classmethod
     def config_from_hf(cls, arch: str, hf: dict[str, Any]) -> ModelConfig:
@@ -133,24 +139,17 @@ class Qwen3VLMoeForConditionalGeneration(VisionLanguage, Qwen3MoeForCausalLM):
         def oriented() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
                 proj = name.rpartition(".")[2]
-                if tensor.dim() == 3 and ".mlp.experts." in name and proj in ours:
-                    if tuple(tensor.shape[1:]) != ours[proj]:  # the published [E, H, 2I] / [E, I, H]
-                        tensor = tensor.transpose(1, 2)
+                fused = tensor.dim() == 3 and ".mlp.experts." in name and proj in ours
+                if fused and tuple(tensor.shape[1:]) != ours[proj]:  # the published [E, H, 2I] / [E, I, H]
+                    tensor = tensor.transpose(1, 2)
                 yield name, tensor
 
         return split_fused_experts(oriented())
 
 
-class Qwen3_5ForConditionalGeneration(VisionLanguage, Qwen3_5ForCausalLM):
-    MROPE_SECTION = (11, 11, 10)
-    TOKEN_IDS = (248056, 248057, 248053, 248054)
+class Qwen3_5ForConditionalGeneration(_Qwen3_5VL, Qwen3_5ForCausalLM):
+    pass
 
 
-class Qwen3_5MoeForConditionalGeneration(VisionLanguage, Qwen3_5MoeForCausalLM):
-    MROPE_SECTION = (11, 11, 10)
-    TOKEN_IDS = (248056, 248057, 248053, 248054)
-
-
-def vision_tower(model: CausalLM) -> VisionTower | None:
-    """The model's vision tower, or None for a text-only model (or one built language-only)."""
-    return getattr(model, "visual", None)
+class Qwen3_5MoeForConditionalGeneration(_Qwen3_5VL, Qwen3_5MoeForCausalLM):
+    pass
