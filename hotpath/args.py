@@ -6,11 +6,26 @@ Names and defaults follow vLLM's so its users need not relearn them.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, fields
+from typing import Any
 
 from hotpath.config import KV_CACHE_DTYPES, EngineConfig as _Defaults
 
 EXECUTOR_BACKENDS = ("uni", "mp")
+
+
+def json_object(name: str, value: dict | str) -> dict[str, Any]:
+    """An argument given as a dict (LLM(...)) or as its JSON text (the CLI); ValueError naming
+    `name` for anything else."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict or JSON object, got {type(value).__name__}")
+    return dict(value)
 
 
 @dataclass

@@ -6,11 +6,10 @@ engine's loop, and sends the ProcessedPrompt on (the engine then checks only the
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from hotpath.args import EngineArgs
+from hotpath.args import EngineArgs, json_object
 from hotpath.config import ModelConfig, MultiModalConfig
 from hotpath.multimodal.inputs import MultiModalItem, ProcessedPrompt
 from hotpath.multimodal.media import MediaPolicy
@@ -21,16 +20,7 @@ DEFAULT_LIMITS = {"image": 16, "video": 2}
 
 
 def _json_arg(name: str, value: dict | str | None) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name} must be a JSON object: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object, got {value!r}")
-    return dict(value)
+    return {} if value is None else json_object(name, value)
 
 
 def parse_limits(value: dict | str | None) -> dict[str, int]:

@@ -11,9 +11,10 @@ Kept free of torch: the CLI's --help reads this module.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from typing import Any
+
+from hotpath.args import json_object
 
 METHODS = ("ngram", "draft_model", "mtp")
 # up to 7 drafts a verify row (the last token and its drafts) is a few-query row of the decode
@@ -38,13 +39,7 @@ class SpeculativeConfig:
         Raises ValueError naming the bad key or value."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative config is not valid JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative config must be a dict or JSON object, got {type(value).__name__}")
+        value = json_object("speculative config", value)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:
