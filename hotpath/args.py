@@ -183,7 +183,9 @@ class EngineArgs:
                        help="a directory whose files requests may name (file: URLs, paths); "
                             "default: none, local files are refused")
         m.add_argument("--allowed-media-domains", nargs="+", default=None,
-                       help="hosts that http(s) image and video URLs may name (default: any)")
+                       help="the only hosts that http(s) image and video URLs may name, whatever "
+                            "address they resolve to (default: any host whose addresses are all "
+                            "public; loopback and private addresses are refused)")
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":
