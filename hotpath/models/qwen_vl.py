@@ -82,30 +82,21 @@ class VisionLanguage:
             if self.visual is None and not self._skipped_tower_logged:
                 self._skipped_tower_logged = True
                 logger.info("skipping the checkpoint's vision tower (%s*): language_model_only", _VISUAL)
-            return None
+            return None if self.visual is None else "visual." + name.removeprefix(_VISUAL)
         name = super().checkpoint_name(name)
         return None if name is None else name.replace(_TEXT, "model.", 1)
 
     def weight_loaders(self) -> WeightLoaders:
-        # the tower loads its own tensors (load_weights below)
-        return {name: load for name, load in super().weight_loaders().items() if not name.startswith("visual.")}
+        loaders = {name: load for name, load in super().weight_loaders().items() if not name.startswith("visual.")}
+        if self.visual is not None:  # the tower's own loaders (its patch embedding's Conv3d weight)
+            loaders.update({f"visual.{name}": load for name, load in self.visual.weight_loaders().items()})
+        return loaders
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        tower: list[tuple[str, torch.Tensor]] = []
-
-        def text_weights() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                if name.startswith(_VISUAL) and self.visual is not None:
-                    tower.append((name.removeprefix(_VISUAL), tensor))
-                else:
-                    yield name, tensor
-
-        super().load_weights(self.text_weights(text_weights()))
-        if self.visual is not None:
-            self.visual.load_weights(tower)
+        super().load_weights(self.text_weights(weights))
 
     def text_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
-        """The text model's checkpoint tensors as its family loads them."""
+        """The checkpoint's tensors as the text family loads them (the tower's pass as they are)."""
         return weights
 
 

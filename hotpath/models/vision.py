@@ -17,7 +17,8 @@ each rank runs it whole on the same inputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -282,24 +283,35 @@ class VisionTower(nn.Module):
         freqs = torch.cat((freqs, freqs), dim=-1)
         return freqs.cos(), freqs.sin()
 
+    def weight_loaders(self) -> dict[str, Callable[[torch.Tensor], None]]:
+        """{checkpoint name without the `model.visual.` prefix: loader}, a parameter each; the
+        patch embedding's takes the checkpoint's Conv3d weight as its GEMM matrix. A loader raises
+        ValueError for a shape its parameter does not take."""
+        return {name: functools.partial(self._load, param, name == "patch_embed.proj.weight")
+                for name, param in self.named_parameters()}
+
+    def _load(self, param: nn.Parameter, conv: bool, tensor: torch.Tensor) -> None:
+        shape = tuple(tensor.shape)
+        if conv and shape == self.patch_embed.conv_shape:
+            tensor = tensor.reshape(param.shape)
+        elif shape != tuple(param.shape):
+            raise ValueError(f"has shape {shape}, expected {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Fills every parameter from (name, tensor) pairs named as the checkpoint names them
         without the `model.visual.` prefix, one tensor at a time. Raises ValueError for a name
         the tower does not have, a shape it does not take, or a parameter left unfilled."""
-        params = dict(self.named_parameters())
-        missing = set(params)
+        loaders = self.weight_loaders()
+        missing = set(loaders)
         for name, tensor in weights:
-            if name not in params:
+            if name not in loaders:
                 raise ValueError(f"the vision tower has no parameter {name!r}")
-            param = params[name]
-            shape = tuple(tensor.shape)
-            if name == "patch_embed.proj.weight" and shape == self.patch_embed.conv_shape:
-                tensor = tensor.reshape(param.shape)
-            elif shape != tuple(param.shape):
-                raise ValueError(f"vision parameter {name!r} has shape {tuple(param.shape)}, the checkpoint "
-                                 f"gives {shape}")
-            with torch.no_grad():
-                param.copy_(tensor)
+            try:
+                loaders[name](tensor)
+            except ValueError as e:
+                raise ValueError(f"vision parameter {name!r} {e}") from None
             missing.discard(name)
         if missing:
             raise ValueError(f"the checkpoint leaves vision parameters unfilled: {sorted(missing)}")
