@@ -7,11 +7,13 @@ engine's loop. Each run takes fresh images, so the encoder cache never serves a 
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
 import torch
 
+from hotpath.bench import roofline
 from hotpath.engine.engine import Engine
 from hotpath.multimodal.inputs import ProcessedPrompt
 
@@ -61,15 +63,7 @@ def time_tower(engine: Engine, size: tuple[int, int], counts: tuple[int, ...], m
         grids = [item.grid_thw for item in prompt.mm_items]
         pixels = torch.cat([item.pixel_values for item in prompt.mm_items]).to(runner.device, runner.dtype)
         with torch.inference_mode():
-            for _ in range(2):
-                tower(pixels, grids)
-            torch.cuda.synchronize()
-            iters = 5
-            start = time.perf_counter()
-            for _ in range(iters):
-                tower(pixels, grids)
-            torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / iters
+            seconds = roofline._time_cuda(functools.partial(tower, pixels, grids), iters=5, warmup=2)
         flops = tower.flops(grids)
         results.append({"images": count, "image_size": list(size), "patches": int(pixels.shape[0]),
                         "visual_tokens": sum(item.num_tokens for item in prompt.mm_items),

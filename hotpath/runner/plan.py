@@ -12,7 +12,7 @@ pickle: executor/channel.py).
 from __future__ import annotations
 
 import base64
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -76,16 +76,9 @@ class StepPlan:
 
 def to_wire(plan: StepPlan) -> dict[str, Any]:
     # the images (pixel tensors) apart: asdict would deep-copy them
-    items = [new.mm_items for new in plan.new]
-    for new in plan.new:
-        new.mm_items = []
-    try:
-        data = asdict(plan)
-    finally:
-        for new, mm in zip(plan.new, items):
-            new.mm_items = mm
-    for s, mm in zip(data["new"], items):
-        s["mm_items"] = [_item_to_wire(item) for item in mm]
+    data = asdict(replace(plan, new=[replace(new, mm_items=[]) for new in plan.new]))
+    for s, new in zip(data["new"], plan.new):
+        s["mm_items"] = [_item_to_wire(item) for item in new.mm_items]
     return data
 
 
