@@ -15,7 +15,7 @@ import torch
 
 from hotpath.bench import roofline
 from hotpath.engine.engine import Engine
-from hotpath.multimodal.inputs import ProcessedPrompt
+from hotpath.multimodal.inputs import ProcessedPrompt, normalise_pixels
 
 # text tokens are drawn below every special token of the Qwen vocabularies
 _TEXT_IDS = 151000
@@ -61,7 +61,7 @@ def time_tower(engine: Engine, size: tuple[int, int], counts: tuple[int, ...], m
     for count in counts:
         prompt = image_prompts(engine, 1, count, size, 1, seed=1000 + count)[0]
         grids = [item.grid_thw for item in prompt.mm_items]
-        pixels = torch.cat([item.pixel_values for item in prompt.mm_items]).to(runner.device, runner.dtype)
+        pixels = normalise_pixels(prompt.mm_items, runner.device, runner.dtype)
         with torch.inference_mode():
             seconds = roofline._time_cuda(functools.partial(tower, pixels, grids), iters=5, warmup=2)
         flops = tower.flops(grids)
@@ -93,7 +93,7 @@ def run_hf_vision(model_dir: str, dtype: torch.dtype, prompt: ProcessedPrompt, o
         for off, n in item.spans:
             types[0, off:off + n] = 1
     inputs = dict(input_ids=ids, mm_token_type_ids=types,
-                  pixel_values=torch.cat([i.pixel_values for i in prompt.mm_items]).to("cuda", dtype),
+                  pixel_values=normalise_pixels(prompt.mm_items, "cuda", dtype),
                   image_grid_thw=torch.tensor([i.grid_thw for i in prompt.mm_items], device="cuda"))
     out_len = min(output_len, 64)
 

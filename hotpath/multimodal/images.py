@@ -1,6 +1,7 @@
 """Image pixels for the Qwen vision towers, equal to transformers' Qwen2VLImageProcessorPil (the
-image processor Qwen3-VL and Qwen3.5 use): RGB, smart resize (PIL bicubic), rescale and
-normalise in float32, and the tower's patch order."""
+image processor Qwen3-VL and Qwen3.5 use): RGB, smart resize (PIL bicubic), the tower's patch
+order; the rows stay uint8 beside a table of each value's rescaled, normalised float32, which the
+runner applies on the device (hotpath/multimodal/inputs.py: normalise_pixels)."""
 
 from __future__ import annotations
 
@@ -74,23 +75,24 @@ def to_rgb_array(image: Image.Image | np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 def preprocess_image(rgb: np.ndarray, config: PixelConfig, min_pixels: int, max_pixels: int
-                     ) -> tuple[torch.Tensor, tuple[int, int, int], np.ndarray]:
-    """(pixel rows, grid (t, h, w), the resized [h, w, 3] uint8 image the rows are made from) for
-    an [H, W, 3] uint8 image; the one frame is repeated to fill the tower's temporal patch."""
+                     ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int], np.ndarray]:
+    """(uint8 pixel rows, their [3, 256] normalisation table, grid (t, h, w), the resized [h, w, 3]
+    uint8 image the rows are made from) for an [H, W, 3] uint8 image; the one frame is repeated to
+    fill the tower's temporal patch."""
     height, width = rgb.shape[:2]
     new_h, new_w = smart_resize(height, width, config.factor, min_pixels, max_pixels)
     resized = np.asarray(Image.fromarray(rgb).resize((new_w, new_h), resample=Image.Resampling.BICUBIC))
-    lut = _normalised_values(config.rescale_factor, config.image_mean, config.image_std)
-    frame = torch.from_numpy(np.stack([lut[c][resized[..., c]] for c in range(3)]))  # [3, new_h, new_w]
+    lut = torch.from_numpy(_normalised_values(config.rescale_factor, config.image_mean, config.image_std))
+    frame = torch.from_numpy(np.ascontiguousarray(resized.transpose(2, 0, 1)))  # [3, new_h, new_w]
     frames = frame.unsqueeze(0).expand(config.temporal_patch_size, -1, -1, -1)
-    return patchify(frames, config), (1, new_h // config.patch_size, new_w // config.patch_size), resized
+    return patchify(frames, config), lut, (1, new_h // config.patch_size, new_w // config.patch_size), resized
 
 
 @functools.lru_cache(maxsize=8)
 def _normalised_values(rescale: float, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """[3, 256] float32: each channel's normalised value of every uint8, computed as transformers
     does (rescaled in float64, cast to float32, normalised in float32), so a lookup gives the same
-    bits as the arithmetic on the whole image, in one pass instead of five."""
+    bits as the arithmetic on the whole image."""
     scaled = (np.arange(256, dtype=np.float64) * rescale).astype(np.float32)
     return (scaled[None, :] - np.asarray(mean, np.float32)[:, None]) / np.asarray(std, np.float32)[:, None]
 

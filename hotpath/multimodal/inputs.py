@@ -17,12 +17,36 @@ class MultiModalItem:
     # separated by timestamp text
     spans: list[tuple[int, int]]
     grid_thw: tuple[int, int, int]  # the tower's patch grid before the merge (transformers' *_grid_thw row)
-    pixel_values: torch.Tensor  # [t*h*w, C*temporal_patch*patch*patch] float32, in the tower's patch order
-    content_hash: str  # sha256 hex over modality, grid and pixel values
+    pixels: torch.Tensor  # [t*h*w, C*temporal_patch*patch*patch] uint8, in the tower's patch order
+    pixel_lut: torch.Tensor  # [C, 256] float32: each channel's normalised value of every uint8
+    content_hash: str  # sha256 hex over modality, grid and pixels
+
+    @property
+    def pixel_values(self) -> torch.Tensor:
+        """[t*h*w, C*temporal_patch*patch*patch] float32: transformers' processor's pixel values."""
+        return normalise_pixels([self], self.pixels.device, torch.float32)
 
     @property
     def num_tokens(self) -> int:
         return sum(length for _, length in self.spans)
+
+
+def normalise_pixels(items: list[MultiModalItem], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """The tower's input for `items`, [their rows, patch dim] in `dtype` on `device`: the uint8
+    rows cross to the device as they are (a quarter of float32's bytes) and are normalised there by
+    each item's lookup table, cast to `dtype` first (the same rounding as casting each value)."""
+    num_rows = sum(item.pixels.shape[0] for item in items)
+    out = torch.empty(num_rows, items[0].pixels.shape[1], dtype=dtype, device=device)
+    start = 0
+    for item in items:
+        rows, channels = item.pixels.shape[0], item.pixel_lut.shape[0]
+        raw = item.pixels.to(device, non_blocking=True).view(rows, channels, -1)
+        lut = item.pixel_lut.to(device).to(dtype)
+        dst = out[start:start + rows].view(rows, channels, -1)
+        for c in range(channels):  # a patch's columns are channel-major: [C, temporal, patch, patch]
+            dst[:, c] = lut[c].index_select(0, raw[:, c].reshape(-1).int()).view(rows, -1)
+        start += rows
+    return out
 
 
 @dataclass

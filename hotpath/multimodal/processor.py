@@ -92,7 +92,7 @@ class MultiModalProcessor:
         image_rows = [self._image(image, settings) for image in images]
         video_rows = [self._video(video, settings) for video in videos]
         merge = self.image_config.merge_size ** 2
-        image_tokens = [math.prod(grid) // merge for _, grid, _ in image_rows]
+        image_tokens = [math.prod(grid) // merge for _, _, grid, _ in image_rows]
         frame_tokens = [video.grid_thw[1] * video.grid_thw[2] // self.video_config.pixels.merge_size ** 2
                         for video in video_rows]
         if text is not None:
@@ -105,9 +105,9 @@ class MultiModalProcessor:
         video_spans = _placeholder_spans(token_ids, self.tokens.video,
                                          [n * v.grid_thw[0] for n, v in zip(frame_tokens, video_rows)],
                                          "<|video_pad|>")
-        items = [_item("image", spans, grid, rows, resized)
-                 for spans, (rows, grid, resized) in zip(image_spans, image_rows)]
-        items += [_item("video", spans, v.grid_thw, v.pixel_values) for spans, v in zip(video_spans, video_rows)]
+        items = [_item("image", spans, grid, rows, lut, resized)
+                 for spans, (rows, lut, grid, resized) in zip(image_spans, image_rows)]
+        items += [_item("video", spans, v.grid_thw, v.pixels, v.pixel_lut) for spans, v in zip(video_spans, video_rows)]
         items.sort(key=lambda item: item.spans[0][0])
         return ProcessedPrompt(prompt=text, prompt_token_ids=token_ids, mm_items=items)
 
@@ -250,11 +250,12 @@ def _placeholder_spans(token_ids: list[int], token_id: int, counts: list[int], n
     return spans
 
 
-def _item(modality: str, spans: list[tuple[int, int]], grid: tuple[int, int, int],
-          pixel_values: torch.Tensor, source: np.ndarray | None = None) -> MultiModalItem:
+def _item(modality: str, spans: list[tuple[int, int]], grid: tuple[int, int, int], pixels: torch.Tensor,
+          lut: torch.Tensor, source: np.ndarray | None = None) -> MultiModalItem:
     """`source`: the uint8 pixels the rows were made from (an image's resized frame), hashed in
-    their place: the same identity at an eighth of the bytes (the rows repeat the frame in fp32)."""
-    digest = hashlib.sha256(f"{modality}:{grid[0]},{grid[1]},{grid[2]}:{'u8' if source is not None else 'f32'}:".encode())
-    digest.update(np.ascontiguousarray(source).data if source is not None else pixel_values.contiguous().numpy().data)
-    return MultiModalItem(modality=modality, spans=spans, grid_thw=grid, pixel_values=pixel_values,
+    their place: the same identity in fewer bytes (the rows repeat the frame)."""
+    digest = hashlib.sha256(f"{modality}:{grid[0]},{grid[1]},{grid[2]}:".encode())
+    digest.update(lut.numpy().tobytes())
+    digest.update(np.ascontiguousarray(source).data if source is not None else pixels.contiguous().numpy().data)
+    return MultiModalItem(modality=modality, spans=spans, grid_thw=grid, pixels=pixels, pixel_lut=lut,
                           content_hash=digest.hexdigest())

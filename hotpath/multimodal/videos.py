@@ -1,7 +1,7 @@
 """Video for the Qwen vision towers, equal to transformers' Qwen3VLVideoProcessor run on the CPU:
 frames sampled at `fps`, resized (bicubic with antialias on uint8, as torchvision does on the CPU),
-rescaled and normalised in one step, padded to the temporal patch; and the frame timestamps that
-Qwen3VLProcessor writes into the prompt. Files are decoded with PyAV, frame by frame, each sampled
+padded to the temporal patch, kept uint8 beside the table of their normalised values; and the
+frame timestamps that Qwen3VLProcessor writes into the prompt. Files are decoded with PyAV, frame by frame, each sampled
 frame resized as it comes so a long video never sits in memory at full size."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ _FFMPEG_OPTIONS = {"format_whitelist": _DEMUXERS, "protocol_whitelist": ""}
 
 @dataclass
 class Video:
-    pixel_values: torch.Tensor  # [t*h*w, 3*temporal_patch*patch*patch] float32
+    pixels: torch.Tensor  # [t*h*w, 3*temporal_patch*patch*patch] uint8
+    pixel_lut: torch.Tensor  # [3, 256] float32: each channel's normalised value of every uint8
     grid_thw: tuple[int, int, int]
     timestamps: list[float]  # seconds, one per temporal grid step
 
@@ -155,12 +156,14 @@ def _to_video(resized: torch.Tensor, indices: list[int], source_fps: float, conf
     temporal = pixels.temporal_patch_size
     if resized.shape[0] < temporal:
         raise ValueError(f"a video needs at least {temporal} frames (the temporal patch), got {resized.shape[0]}")
-    # transformers folds the rescale into the mean and std (x - 255 mean) / (255 std), in float32
+    # transformers folds the rescale into the mean and std, (x - 255 mean) / (255 std) in float32:
+    # the same arithmetic on every uint8 value once
     mean = torch.tensor(pixels.image_mean) * (1.0 / pixels.rescale_factor)
     std = torch.tensor(pixels.image_std) * (1.0 / pixels.rescale_factor)
-    frames = (resized.to(torch.float32) - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)  # [T, 3, h, w]
+    lut = (torch.arange(256, dtype=torch.float32) - mean.view(-1, 1)) / std.view(-1, 1)  # [3, 256]
+    frames = resized  # [T, 3, h, w] uint8
     if pad := -frames.shape[0] % temporal:
         frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
     _, _, height, width = frames.shape
     grid = (frames.shape[0] // temporal, height // pixels.patch_size, width // pixels.patch_size)
-    return Video(patchify(frames, pixels), grid, frame_timestamps(indices, source_fps, temporal))
+    return Video(patchify(frames, pixels), lut, grid, frame_timestamps(indices, source_fps, temporal))

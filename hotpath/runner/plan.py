@@ -91,17 +91,18 @@ def from_wire(data: dict[str, Any]) -> StepPlan:
 
 
 def _item_to_wire(item: MultiModalItem) -> dict[str, Any]:
-    pixels = item.pixel_values.float().contiguous()
+    pixels, lut = item.pixels.contiguous(), item.pixel_lut.float().contiguous()
     return {"modality": item.modality, "spans": item.spans, "grid_thw": item.grid_thw,
             "pixels": base64.b64encode(pixels.numpy().tobytes()).decode(), "shape": list(pixels.shape),
+            "lut": base64.b64encode(lut.numpy().tobytes()).decode(), "lut_shape": list(lut.shape),
             "content_hash": item.content_hash}
 
 
 def _item_from_wire(data: dict[str, Any]) -> MultiModalItem:
-    raw = bytearray(base64.b64decode(data["pixels"]))
-    pixels = torch.frombuffer(raw, dtype=torch.float32).reshape(data["shape"])
+    pixels = torch.frombuffer(bytearray(base64.b64decode(data["pixels"])), dtype=torch.uint8).reshape(data["shape"])
+    lut = torch.frombuffer(bytearray(base64.b64decode(data["lut"])), dtype=torch.float32).reshape(data["lut_shape"])
     return MultiModalItem(data["modality"], [tuple(s) for s in data["spans"]], tuple(data["grid_thw"]),
-                          pixels, data["content_hash"])
+                          pixels, lut, data["content_hash"])
 
 
 def tokens_to_wire(tokens: dict[int, list[SampledToken]]) -> list:

@@ -7,7 +7,7 @@ import torch
 
 from hotpath.layers.forward_batch import VisualEmbeds
 from hotpath.multimodal.encoder_cache import EncoderCache, EncoderOutput
-from hotpath.multimodal.inputs import MultiModalItem
+from hotpath.multimodal.inputs import MultiModalItem, normalise_pixels
 from hotpath.runner.seq_state import SeqState
 
 
@@ -31,7 +31,7 @@ class VisualInputs:
                 found[h] = out
         if missing:
             todo = list(missing.values())
-            pixels = torch.cat([item.pixel_values for item in todo]).to(self.device, self.dtype, non_blocking=True)
+            pixels = normalise_pixels(todo, self.device, self.dtype)
             embeds, deepstack = self.model.visual(pixels, [item.grid_thw for item in todo])
             sizes = [item.num_tokens for item in todo]
             # each item's rows a tensor of its own, so an evicted one frees its memory
