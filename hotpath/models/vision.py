@@ -105,14 +105,28 @@ class VisionConfig:
         return self.hidden_size * self.spatial_merge_size**2
 
 
-def _resize_taps(size: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _resize_taps(size: int, side: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The two source rows (and their weights) of a bilinear resize from `side` to `size` with
     align_corners=True, [size, 2] each, computed as transformers computes them."""
-    src = torch.arange(size, dtype=torch.float32) * (side - 1) / max(size - 1, 1)
+    src = torch.arange(size, dtype=torch.float32, device=device) * (side - 1) / max(size - 1, 1)
     floor = torch.floor(src)
-    taps = floor.long()[:, None] + torch.arange(2)
+    taps = floor.long()[:, None] + torch.arange(2, device=device)
     weights = (1 - (src[:, None] - taps.float()).abs()).clamp(min=0)
     return taps.clamp(max=side - 1), weights
+
+
+@dataclass(frozen=True)
+class Segments:
+    """What attends to what: each image and each video frame on its own."""
+
+    lengths: list[int]  # patches of each image / frame, in order
+    cu_seqlens: torch.Tensor  # [len(lengths) + 1] int32 on the device: their offsets
+
+    @classmethod
+    def of(cls, grid_thw: list[tuple[int, int, int]], device: torch.device) -> Segments:
+        lengths = [h * w for t, h, w in grid_thw for _ in range(t)]
+        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        return cls(lengths, cu.to(device))
 
 
 class PatchMerger(nn.Module):
@@ -141,12 +155,12 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-                max_seqlen: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
         num_patches = x.shape[0]
         qkv = self.qkv(x).view(num_patches, 3, self.num_heads, self.head_dim)
         qk = apply_rotary(qkv[:, :2].flatten(1, 2), cos, sin).view(num_patches, 2, self.num_heads, self.head_dim)
-        out = varlen_attention(qk[:, 0], qk[:, 1], qkv[:, 2], cu_seqlens, max_seqlen, self.head_dim**-0.5)
+        out = varlen_attention(qk[:, 0], qk[:, 1], qkv[:, 2], segments.cu_seqlens, max(segments.lengths),
+                               self.head_dim**-0.5, segments.lengths)
         return self.proj(out.view(num_patches, -1))
 
 
@@ -154,11 +168,19 @@ class VisionMLP(nn.Module):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
         self.act = ACTIVATIONS[cfg.hidden_act]
+        # on NVIDIA, cuBLASLt applies the tanh GELU to fc1's fp32 results (one pass less, and one
+        # rounding to 16 bits instead of two)
+        self.gelu_epilogue = cfg.hidden_act == "gelu_pytorch_tanh"
         self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(self.act(self.linear_fc1(x)))
+        fc1 = self.linear_fc1
+        if self.gelu_epilogue and x.is_cuda and torch.version.hip is None:
+            h = torch._addmm_activation(fc1.bias, x, fc1.weight.t(), use_gelu=True)
+        else:
+            h = self.act(fc1(x))
+        return self.linear_fc2(h)
 
 
 class VisionBlock(nn.Module):
@@ -169,9 +191,8 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(cfg)
         self.mlp = VisionMLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor,
-                max_seqlen: int) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens, max_seqlen)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, segments)
         return x + self.mlp(self.norm2(x))
 
 
@@ -215,16 +236,14 @@ class VisionTower(nn.Module):
         grid_thw = [(int(t), int(h), int(w)) for t, h, w in grid_thw]  # also from a [n, 3] tensor
         self._check_inputs(pixel_values, grid_thw)
         device = pixel_values.device
-        coords = self._frame_coords(grid_thw)
+        coords = self._frame_coords(grid_thw, device)
         x = self.patch_embed(pixel_values)  # [num_patches, hidden]
         x = x + self._position_embeddings(grid_thw, coords, device).to(x.dtype)
         cos, sin = self._rotary(grid_thw, coords, device)
-        frame_lens = [h * w for t, h, w in grid_thw for _ in range(t)]
-        cu_seqlens = torch.tensor([0] + frame_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        cu_seqlens, max_seqlen = cu_seqlens.to(x.device), max(frame_lens)
+        segments = Segments.of(grid_thw, device)
         deepstack = []
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cu_seqlens, max_seqlen)
+            x = block(x, cos, sin, segments)
             if layer in self.config.deepstack_visual_indexes:
                 merger = self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(layer)]
                 deepstack.append(merger(x))
@@ -243,15 +262,17 @@ class VisionTower(nn.Module):
             raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grid_thw needs "
                              f"({num_patches}, {cfg.patch_dim})")
 
-    def _frame_coords(self, grid_thw: list[tuple[int, int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _frame_coords(self, grid_thw: list[tuple[int, int, int]],
+                      device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image / video: the row and the column of each patch of a frame, in the order the
-        patches come (merge x merge blocks row-major, each block row-major), [h * w] int64 each."""
+        patches come (merge x merge blocks row-major, each block row-major), [h * w] int64 each,
+        made on the device (no host work for the GPU to wait on)."""
         merge = self.config.spatial_merge_size
         coords = []
         for _, h, w in grid_thw:
             shape = (h // merge, merge, w // merge, merge)
-            r = torch.arange(h).view(h // merge, merge, 1, 1).expand(shape)
-            c = torch.arange(w).view(1, 1, w // merge, merge).expand(shape)
+            r = torch.arange(h, device=device).view(h // merge, merge, 1, 1).expand(shape)
+            c = torch.arange(w, device=device).view(1, 1, w // merge, merge).expand(shape)
             coords.append((r.transpose(1, 2).flatten(), c.transpose(1, 2).flatten()))
         return coords
 
@@ -262,11 +283,11 @@ class VisionTower(nn.Module):
         side = int(self.config.num_position_embeddings**0.5)
         indices, weights = [], []
         for (t, h, w), (r, c) in zip(grid_thw, coords):
-            taps_h, weights_h = (x[r] for x in _resize_taps(h, side))  # [h * w, 2]
-            taps_w, weights_w = (x[c] for x in _resize_taps(w, side))
+            taps_h, weights_h = (x[r] for x in _resize_taps(h, side, device))  # [h * w, 2]
+            taps_w, weights_w = (x[c] for x in _resize_taps(w, side, device))
             indices.append((taps_h[:, :, None] * side + taps_w[:, None, :]).flatten(1).repeat(t, 1))
             weights.append((weights_h[:, :, None] * weights_w[:, None, :]).flatten(1).repeat(t, 1))
-        index, weight = torch.cat(indices).to(device), torch.cat(weights).to(device)  # [num_patches, 4]
+        index, weight = torch.cat(indices), torch.cat(weights)  # [num_patches, 4]
         return (self.pos_embed(index) * weight[:, :, None]).sum(1)
 
     def _rotary(self, grid_thw: list[tuple[int, int, int]], coords: list[tuple[torch.Tensor, torch.Tensor]],
@@ -276,8 +297,8 @@ class VisionTower(nn.Module):
         rotate-half pairs), with transformers' frequencies."""
         half = self.config.head_dim // 2
         inv_freq = 1.0 / self.config.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half)
-        rows = torch.cat([r.repeat(t) for (t, _, _), (r, _) in zip(grid_thw, coords)]).to(device)
-        cols = torch.cat([c.repeat(t) for (t, _, _), (_, c) in zip(grid_thw, coords)]).to(device)
+        rows = torch.cat([r.repeat(t) for (t, _, _), (r, _) in zip(grid_thw, coords)])
+        cols = torch.cat([c.repeat(t) for (t, _, _), (_, c) in zip(grid_thw, coords)])
         inv_freq = inv_freq.to(device)
         freqs = torch.cat((rows[:, None] * inv_freq, cols[:, None] * inv_freq), dim=-1)  # [num_patches, half]
         freqs = torch.cat((freqs, freqs), dim=-1)

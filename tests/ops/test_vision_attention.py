@@ -75,6 +75,52 @@ def test_cuda_kernel(head_dim, dtype, gpu_triton, poisoned):
     assert rel_err(got, want) < TOL[dtype]
 
 
+@cuda
+@pytest.mark.parametrize("head_dim", [72, 64])
+def test_cuda_cudnn_path(head_dim, poisoned):
+    """Given the segments' lengths on the host, the default backend runs torch's cuDNN attention on
+    runs of equal-length segments (an image, a video's frames) and is the reference's answer."""
+    from hotpath.ops.vision_attention import sdpa
+
+    lengths = [1, 7, 576, 576, 576, 100, 4096 + 17, 1024, 1024]
+    q, k, v = qkv(sum(lengths), 16, head_dim, torch.bfloat16, "cuda")
+    cu, max_len = segments(lengths, "cuda")
+    scale = head_dim**-0.5
+    assert sdpa.supported(q)
+    want = reference.varlen_attention(q.float(), k.float(), v.float(), cu, max_len, scale)
+    got = vision_attention.varlen_attention(q, k, v, cu, max_len, scale, lengths)
+    assert got.dtype == torch.bfloat16 and got.is_contiguous()
+    assert rel_err(got, want) < TOL[torch.bfloat16]
+
+
+@cuda
+def test_cuda_vision_tower_bf16(poisoned):
+    """A tower with Qwen3-VL's head_dim (72) in bf16 on the GPU at the defaults (cuDNN attention,
+    fc1 with cuBLASLt's GELU epilogue, the position tables made on the device) against the same
+    weights in fp32 through the references."""
+    from hotpath.models.vision import VisionConfig, VisionTower
+    from hotpath.ops import backend
+
+    torch.manual_seed(0)
+    cfg = VisionConfig(depth=3, hidden_size=144, intermediate_size=304, num_heads=2, out_hidden_size=64,
+                       num_position_embeddings=64, deepstack_visual_indexes=(1,))
+    tower = VisionTower(cfg).cuda()
+    for p in tower.parameters():
+        p.data.normal_(0, 0.05)
+    grids = [(1, 16, 24), (2, 8, 8), (1, 30, 12)]
+    pixels = torch.randn(sum(t * h * w for t, h, w in grids), cfg.patch_dim, device="cuda")
+    with torch.no_grad():
+        got, got_deepstack = tower.to(torch.bfloat16)(pixels, grids)
+        previous = backend.get_backend()
+        backend.set_backend("reference")
+        try:
+            want, want_deepstack = tower.float()(pixels, grids)
+        finally:
+            backend.set_backend(previous)
+    assert rel_err(got, want) < 2 * TOL[torch.bfloat16]
+    assert rel_err(got_deepstack[0], want_deepstack[0]) < 2 * TOL[torch.bfloat16]
+
+
 def test_interpreter_vision_tower(interpreter, poisoned):
     """A tiny vision tower (head_dim 24) through the kernel equals it through the reference: the
     kernel on the tower's strided q / k / v and its per-frame segments."""
