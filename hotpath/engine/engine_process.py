@@ -27,6 +27,8 @@ import signal
 import threading
 from multiprocessing.connection import Connection
 
+import torch
+
 from hotpath.args import EngineArgs
 from hotpath.engine.engine import Engine
 from hotpath.engine.front import EngineStats, ModelInfo
@@ -58,6 +60,11 @@ def run_engine_process(conn: Connection, args: EngineArgs, log_level: int) -> No
         _send_quietly(conn, (STARTUP_ERROR, e if isinstance(e, USER_ERRORS) else None,
                              f"{type(e).__name__}: {e}"))
         raise SystemExit(1) from None
+    if engine.device.type != "cpu":
+        # the model runs on the device; this process's host work is bookkeeping, and torch's
+        # intra-op threads spinning after each small op would take the cores the server's
+        # front end preprocesses images on
+        torch.set_num_threads(1)
     try:
         loaded.set()
         conn.send((READY, ModelInfo.of(engine)))
