@@ -4,7 +4,9 @@
 # transformers), Qwen3-VL-30B-A3B and Qwen3.5-35B-A3B (the tower alone on 1 and 8 images, the
 # text-only TPOT beside); Qwen3-8B text decode against the tree before (.baseline/); 16 concurrent
 # image chats through `hotpath serve`. Needs .whl/ (scripts/gpu_assets.sh) for the server.
-# Usage: bash scripts/gpu_vision.sh [tests] [latency] [baseline] [preprocess] [serve]
+# `compare`: Qwen3-VL-8B's image TTFT and TPOT, the tree in .baseline/ (a `git archive` of the commit
+# before a change) and this one in turn, twice; `profile`: benchmarks/profile_vision.py.
+# Usage: bash scripts/gpu_vision.sh [tests] [latency] [baseline] [compare] [profile] [preprocess] [serve]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT=${OUT:-/tmp/hotpath-gpu}
@@ -21,9 +23,9 @@ lat() { # tree name args...
   grep -E "TTFT|TPOT|tower|images|Error|error" "$OUT/$name.txt" | sed "s/^/$name: /" | tee -a "$OUT/summary.txt"
 }
 if [[ $what == *" tests "* ]]; then
-  python3 -m pytest -q -x tests/gpu/test_vl_gpu.py tests/ops/test_vision_attention.py tests/gpu/test_hf_parity_gpu.py \
-    > "$OUT/gpu_tests.txt" 2>&1
-  tail -3 "$OUT/gpu_tests.txt" | tee -a "$OUT/summary.txt"
+  python3 -m pytest -q -rs tests/gpu/test_vl_gpu.py tests/ops/test_vision_attention.py tests/gpu/test_hf_parity_gpu.py \
+    "tests/multimodal/test_processor.py::test_video_pixels_equal_transformers" > "$OUT/gpu_tests.txt" 2>&1
+  grep -E "passed|failed|SKIP|FAIL|Error" "$OUT/gpu_tests.txt" | tail -15 | tee -a "$OUT/summary.txt"
 fi
 if [[ $what == *" latency "* ]]; then
   lat "$here" vl8b --preset qwen3-vl-8b --images 1 --image-size 1280x1280 --input-len 100 --output-len 128 --compare hf
@@ -37,6 +39,16 @@ if [[ $what == *" baseline "* ]]; then
     lat .baseline "base_qwen3-8b_$run" --preset qwen3-8b --batch-size 1 --input-len 512 --output-len 256
     lat "$here" "new_qwen3-8b_$run" --preset qwen3-8b --batch-size 1 --input-len 512 --output-len 256
   done
+fi
+if [[ $what == *" compare "* ]]; then
+  for run in 1 2; do
+    lat .baseline "base_vl8b_$run" --preset qwen3-vl-8b --images 1 --image-size 1280x1280 --input-len 100 --output-len 128
+    lat "$here" "new_vl8b_$run" --preset qwen3-vl-8b --images 1 --image-size 1280x1280 --input-len 100 --output-len 128
+  done
+fi
+if [[ $what == *" profile "* ]]; then
+  python3 benchmarks/profile_vision.py --preset qwen3-vl-8b --image-size 1280x1280 --out "$OUT" > "$OUT/profile.txt" 2>&1
+  grep -E "tower alone|generate wall|Error" "$OUT/profile.txt" | tee -a "$OUT/summary.txt"
 fi
 if [[ $what == *" preprocess "* ]]; then  # the server front end's host work alone
   python3 benchmarks/preprocess_bench.py --preset qwen3-vl-8b --num-images 16 --image-size 1280x1280 \
