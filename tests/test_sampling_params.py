@@ -79,3 +79,42 @@ def test_invalid_value_raises_naming_the_parameter(name, value):
 )
 def test_boundary_values_accepted(name, value):
     assert getattr(SamplingParams(**{name: value}), name) == value
+
+
+def test_structured_outputs_one_constraint():
+    from hotpath.sampling_params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    p = SamplingParams(structured_outputs={"json": schema})
+    assert p.structured_outputs == StructuredOutputsParams(json=schema)
+    assert p.structured_outputs.kind == "json"
+    # equal schemas, however written, share one cache key
+    assert StructuredOutputsParams(json='{"properties": {"a": {"type": "integer"}}, "type": "object"}').spec \
+        == p.structured_outputs.spec
+    assert StructuredOutputsParams(choice=("yes", "no")).choice == ["yes", "no"]
+    assert StructuredOutputsParams(json_object=True).kind == "json_object"
+    assert StructuredOutputsParams(regex="[a-z]+").spec == "[a-z]+"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({}, "exactly one"),
+    ({"json": {"type": "object"}, "regex": "a"}, "exactly one"),
+    ({"json_object": False}, "exactly one"),
+    ({"json": "{"}, "not valid JSON"),
+    ({"json": "[1]"}, "JSON schema object"),
+    ({"regex": ""}, "non-empty string"),
+    ({"grammar": 3}, "non-empty string"),
+    ({"choice": []}, "non-empty list"),
+    ({"choice": "yes"}, "non-empty list"),
+    ({"choice": ["yes", ""]}, "non-empty strings"),
+    ({"json_object": 1}, "must be a bool"),
+    ({"jsn": {}}, "no field 'jsn'"),
+])
+def test_structured_outputs_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(structured_outputs=fields)
+
+
+def test_structured_outputs_wrong_type():
+    with pytest.raises(ValueError, match="StructuredOutputsParams or a dict"):
+        SamplingParams(structured_outputs="json")
