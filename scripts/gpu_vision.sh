@@ -23,7 +23,7 @@ lat() { # tree name args...
   grep -E "TTFT|TPOT|tower|images|Error|error" "$OUT/$name.txt" | sed "s/^/$name: /" | tee -a "$OUT/summary.txt"
 }
 if [[ $what == *" tests "* ]]; then
-  python3 -m pytest -q -rs tests/gpu/test_vl_gpu.py tests/ops/test_vision_attention.py tests/gpu/test_hf_parity_gpu.py \
+  python3 -m pytest -q -rs tests/gpu/test_vl_gpu.py tests/ops/test_vision_attention.py tests/ops/test_norm.py tests/gpu/test_hf_parity_gpu.py \
     "tests/multimodal/test_processor.py::test_video_pixels_equal_transformers" > "$OUT/gpu_tests.txt" 2>&1
   grep -E "passed|failed|SKIP|FAIL|Error" "$OUT/gpu_tests.txt" | tail -15 | tee -a "$OUT/summary.txt"
 fi

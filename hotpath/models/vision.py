@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hotpath.ops.norm import fused_add_layer_norm
 from hotpath.ops.vision_attention import apply_rotary, varlen_attention
 
 LAYER_NORM_EPS = 1e-6  # every LayerNorm of the tower (HF hard-codes it)
@@ -183,6 +184,11 @@ class VisionMLP(nn.Module):
         return self.linear_fc2(h)
 
 
+def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + x), residual + x) in one pass."""
+    return fused_add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps)
+
+
 class VisionBlock(nn.Module):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
@@ -191,9 +197,17 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(cfg)
         self.mlp = VisionMLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: Segments) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, segments)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, residual: torch.Tensor, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                segments: Segments, next_norm: nn.LayerNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """residual: the stream before the block, normed: norm1(residual). Returns the stream after
+        the block and next_norm(it) (None without a next norm): each residual add fused with the
+        norm after it."""
+        normed, residual = _add_norm(self.attn(normed, cos, sin, segments), residual, self.norm2)
+        out = self.mlp(normed)
+        if next_norm is None:
+            return residual + out, None
+        normed, residual = _add_norm(out, residual, next_norm)
+        return residual, normed
 
 
 class PatchEmbed(nn.Module):
@@ -242,8 +256,10 @@ class VisionTower(nn.Module):
         cos, sin = self._rotary(grid_thw, coords, device)
         segments = Segments.of(grid_thw, device)
         deepstack = []
+        normed = self.blocks[0].norm1(x)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, segments)
+            next_norm = self.blocks[layer + 1].norm1 if layer + 1 < len(self.blocks) else None
+            x, normed = block(x, normed, cos, sin, segments, next_norm)
             if layer in self.config.deepstack_visual_indexes:
                 merger = self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(layer)]
                 deepstack.append(merger(x))

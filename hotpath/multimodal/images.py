@@ -76,16 +76,16 @@ def to_rgb_array(image: Image.Image | np.ndarray | torch.Tensor) -> np.ndarray:
 
 def preprocess_image(rgb: np.ndarray, config: PixelConfig, min_pixels: int, max_pixels: int
                      ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int], np.ndarray]:
-    """(uint8 pixel rows, their [3, 256] normalisation table, grid (t, h, w), the resized [h, w, 3]
-    uint8 image the rows are made from) for an [H, W, 3] uint8 image; the one frame is repeated to
-    fill the tower's temporal patch."""
+    """(uint8 pixel rows [h*w, 3, 1, P*P], their [3, 256] normalisation table, grid (t, h, w), the
+    resized [h, w, 3] uint8 image the rows are made from) for an [H, W, 3] uint8 image: one frame,
+    which the runner repeats to fill the tower's temporal patch (normalise_pixels)."""
     height, width = rgb.shape[:2]
     new_h, new_w = smart_resize(height, width, config.factor, min_pixels, max_pixels)
     resized = np.asarray(Image.fromarray(rgb).resize((new_w, new_h), resample=Image.Resampling.BICUBIC))
     lut = torch.from_numpy(_normalised_values(config.rescale_factor, config.image_mean, config.image_std))
     frame = torch.from_numpy(np.ascontiguousarray(resized.transpose(2, 0, 1)))  # [3, new_h, new_w]
-    frames = frame.unsqueeze(0).expand(config.temporal_patch_size, -1, -1, -1)
-    return patchify(frames, config), lut, (1, new_h // config.patch_size, new_w // config.patch_size), resized
+    rows = patchify(frame.unsqueeze(0), config, temporal=1)
+    return rows, lut, (1, new_h // config.patch_size, new_w // config.patch_size), resized
 
 
 @functools.lru_cache(maxsize=8)
@@ -97,14 +97,16 @@ def _normalised_values(rescale: float, mean: tuple[float, ...], std: tuple[float
     return (scaled[None, :] - np.asarray(mean, np.float32)[:, None]) / np.asarray(std, np.float32)[:, None]
 
 
-def patchify(frames: torch.Tensor, config: PixelConfig) -> torch.Tensor:
-    """[T, C, H, W] (T a multiple of the temporal patch) -> [t*h*w, C*temporal*patch*patch]: patches
-    ordered so that each merge x merge block of neighbours is consecutive, as the tower's merger reads them."""
+def patchify(frames: torch.Tensor, config: PixelConfig, temporal: int | None = None) -> torch.Tensor:
+    """[T, C, H, W] (T a multiple of `temporal`, the temporal patch by default) -> [t*h*w, C,
+    temporal, patch*patch]: patches ordered so that each merge x merge block of neighbours is
+    consecutive, as the tower's merger reads them."""
     num_frames, channels, height, width = frames.shape
-    p, tp, m = config.patch_size, config.temporal_patch_size, config.merge_size
+    p, m = config.patch_size, config.merge_size
+    tp = config.temporal_patch_size if temporal is None else temporal
     assert num_frames % tp == 0 and height % (p * m) == 0 and width % (p * m) == 0, frames.shape
     t, h, w = num_frames // tp, height // p, width // p
     patches = frames.reshape(t, tp, channels, h // m, m, p, w // m, m, p)
     # [t, h/m, w/m, m, m, C, tp, p, p]
     patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return patches.reshape(t * h * w, channels * tp * p * p).contiguous()
+    return patches.reshape(t * h * w, channels, tp, p * p).contiguous()

@@ -17,9 +17,12 @@ class MultiModalItem:
     # separated by timestamp text
     spans: list[tuple[int, int]]
     grid_thw: tuple[int, int, int]  # the tower's patch grid before the merge (transformers' *_grid_thw row)
-    pixels: torch.Tensor  # [t*h*w, C*temporal_patch*patch*patch] uint8, in the tower's patch order
+    # [t*h*w, C, frames, patch*patch] uint8, in the tower's patch order: frames is the temporal
+    # patch for a video; 1 for an image, whose one frame the tower sees repeated to fill it
+    pixels: torch.Tensor
     pixel_lut: torch.Tensor  # [C, 256] float32: each channel's normalised value of every uint8
     content_hash: str  # sha256 hex over modality, grid and pixels
+    temporal_patch: int  # the tower's frames a patch
 
     @property
     def pixel_values(self) -> torch.Tensor:
@@ -32,21 +35,23 @@ class MultiModalItem:
 
 
 def normalise_pixels(items: list[MultiModalItem], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
-    """The tower's input for `items`, [their rows, patch dim] in `dtype` on `device`: the uint8
-    rows cross to the device as they are (a quarter of float32's bytes) and are normalised there by
-    each item's lookup table, cast to `dtype` first (the same rounding as casting each value)."""
+    """The tower's input for `items`, [their rows, C * temporal_patch * patch * patch] in `dtype`
+    on `device`: the uint8 rows cross to the device as they are (an image's one frame, an eighth
+    of its float32 rows' bytes) and are normalised there by each item's lookup table, cast to
+    `dtype` first (the same rounding as casting each value), an image's frame repeated."""
     num_rows = sum(item.pixels.shape[0] for item in items)
-    out = torch.empty(num_rows, items[0].pixels.shape[1], dtype=dtype, device=device)
+    _, channels, _, patch_area = items[0].pixels.shape
+    out = torch.empty(num_rows, channels, items[0].temporal_patch, patch_area, dtype=dtype, device=device)
     start = 0
     for item in items:
-        rows, channels = item.pixels.shape[0], item.pixel_lut.shape[0]
-        raw = item.pixels.to(device, non_blocking=True).view(rows, channels, -1)
+        rows, _, frames, _ = item.pixels.shape
+        raw = item.pixels.to(device, non_blocking=True)
         lut = item.pixel_lut.to(device).to(dtype)
-        dst = out[start:start + rows].view(rows, channels, -1)
-        for c in range(channels):  # a patch's columns are channel-major: [C, temporal, patch, patch]
-            dst[:, c] = lut[c].index_select(0, raw[:, c].reshape(-1).int()).view(rows, -1)
+        for c in range(channels):
+            values = lut[c].index_select(0, raw[:, c].reshape(-1).int()).view(rows, frames, patch_area)
+            out[start:start + rows, c] = values  # [rows, frames, P*P], frames 1 broadcast over the patch
         start += rows
-    return out
+    return out.view(num_rows, -1)
 
 
 @dataclass

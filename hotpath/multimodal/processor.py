@@ -105,9 +105,10 @@ class MultiModalProcessor:
         video_spans = _placeholder_spans(token_ids, self.tokens.video,
                                          [n * v.grid_thw[0] for n, v in zip(frame_tokens, video_rows)],
                                          "<|video_pad|>")
-        items = [_item("image", spans, grid, rows, lut, resized)
+        items = [_item("image", spans, grid, rows, lut, self.image_config.temporal_patch_size, resized)
                  for spans, (rows, lut, grid, resized) in zip(image_spans, image_rows)]
-        items += [_item("video", spans, v.grid_thw, v.pixels, v.pixel_lut) for spans, v in zip(video_spans, video_rows)]
+        items += [_item("video", spans, v.grid_thw, v.pixels, v.pixel_lut, v.pixels.shape[2])
+                  for spans, v in zip(video_spans, video_rows)]
         items.sort(key=lambda item: item.spans[0][0])
         return ProcessedPrompt(prompt=text, prompt_token_ids=token_ids, mm_items=items)
 
@@ -251,11 +252,11 @@ def _placeholder_spans(token_ids: list[int], token_id: int, counts: list[int], n
 
 
 def _item(modality: str, spans: list[tuple[int, int]], grid: tuple[int, int, int], pixels: torch.Tensor,
-          lut: torch.Tensor, source: np.ndarray | None = None) -> MultiModalItem:
+          lut: torch.Tensor, temporal_patch: int, source: np.ndarray | None = None) -> MultiModalItem:
     """`source`: the uint8 pixels the rows were made from (an image's resized frame), hashed in
     their place: the same identity in fewer bytes (the rows repeat the frame)."""
     digest = hashlib.sha256(f"{modality}:{grid[0]},{grid[1]},{grid[2]}:".encode())
     digest.update(lut.numpy().tobytes())
     digest.update(np.ascontiguousarray(source).data if source is not None else pixels.contiguous().numpy().data)
     return MultiModalItem(modality=modality, spans=spans, grid_thw=grid, pixels=pixels, pixel_lut=lut,
-                          content_hash=digest.hexdigest())
+                          content_hash=digest.hexdigest(), temporal_patch=temporal_patch)

@@ -29,7 +29,7 @@ _FFMPEG_OPTIONS = {"format_whitelist": _DEMUXERS, "protocol_whitelist": ""}
 
 @dataclass
 class Video:
-    pixels: torch.Tensor  # [t*h*w, 3*temporal_patch*patch*patch] uint8
+    pixels: torch.Tensor  # [t*h*w, 3, temporal_patch, patch*patch] uint8
     pixel_lut: torch.Tensor  # [3, 256] float32: each channel's normalised value of every uint8
     grid_thw: tuple[int, int, int]
     timestamps: list[float]  # seconds, one per temporal grid step

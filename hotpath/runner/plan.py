@@ -72,6 +72,8 @@ class StepPlan:
     forget: list[int] = field(default_factory=list)  # finished sequences: drop their state
     # rows whose input token is still pending take it from the step launched just before
     uses_prev: bool = False
+    # structured output: the step samples once its token mask arrives (executor.sample)
+    mask_follows: bool = False
 
 
 def to_wire(plan: StepPlan) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def from_wire(data: dict[str, Any]) -> StepPlan:
                      "mm_items": [_item_from_wire(m) for m in s["mm_items"]]}) for s in data["new"]]
     rows = [RowPlan(**{**r, "save_at": tuple(r["save_at"]) if r["save_at"] is not None else None})
             for r in data["rows"]]
-    return StepPlan(new, rows, data["forget"], data["uses_prev"])
+    return StepPlan(new, rows, data["forget"], data["uses_prev"], data["mask_follows"])
 
 
 def _item_to_wire(item: MultiModalItem) -> dict[str, Any]:
@@ -95,14 +97,14 @@ def _item_to_wire(item: MultiModalItem) -> dict[str, Any]:
     return {"modality": item.modality, "spans": item.spans, "grid_thw": item.grid_thw,
             "pixels": base64.b64encode(pixels.numpy().tobytes()).decode(), "shape": list(pixels.shape),
             "lut": base64.b64encode(lut.numpy().tobytes()).decode(), "lut_shape": list(lut.shape),
-            "content_hash": item.content_hash}
+            "content_hash": item.content_hash, "temporal_patch": item.temporal_patch}
 
 
 def _item_from_wire(data: dict[str, Any]) -> MultiModalItem:
     pixels = torch.frombuffer(bytearray(base64.b64decode(data["pixels"])), dtype=torch.uint8).reshape(data["shape"])
     lut = torch.frombuffer(bytearray(base64.b64decode(data["lut"])), dtype=torch.float32).reshape(data["lut_shape"])
     return MultiModalItem(data["modality"], [tuple(s) for s in data["spans"]], tuple(data["grid_thw"]),
-                          pixels, lut, data["content_hash"])
+                          pixels, lut, data["content_hash"], data["temporal_patch"])
 
 
 def tokens_to_wire(tokens: dict[int, list[SampledToken]]) -> list:

@@ -32,9 +32,9 @@ def test_layout_matches_transformers_rope_index():
             end += 1
         spans.append((start, end - start))
         at = end
-    items = [MultiModalItem("image", [spans[0]], grids[0], torch.empty(0), torch.empty(0), "a"),
-             MultiModalItem("image", [spans[1]], grids[1], torch.empty(0), torch.empty(0), "b"),
-             MultiModalItem("video", spans[2:], video, torch.empty(0), torch.empty(0), "c")]
+    items = [MultiModalItem("image", [spans[0]], grids[0], torch.empty(0), torch.empty(0), "a", 2),
+             MultiModalItem("image", [spans[1]], grids[1], torch.empty(0), torch.empty(0), "b", 2),
+             MultiModalItem("video", spans[2:], video, torch.empty(0), torch.empty(0), "c", 2)]
     types = torch.tensor([[1 if t == IMG else 2 if t == VID else 0 for t in ids]])
     want, delta = model.get_rope_index(torch.tensor([ids]), mm_token_type_ids=types,
                                        image_grid_thw=torch.tensor(grids), video_grid_thw=torch.tensor([video]))

@@ -1,4 +1,4 @@
-"""RMSNorm kernels (plain and fused with the residual add) against the reference."""
+"""RMSNorm kernels (plain and fused with the residual add) and LayerNorm fused with the residual add, against the reference."""
 
 import pytest
 import torch
@@ -80,3 +80,28 @@ def test_interpreter_gated(num_tokens, heads, head_dim, interpreter, poisoned):
 def test_cuda_gated(num_tokens, heads, dtype, gpu_triton, poisoned):
     check_gated(num_tokens, heads, 128, dtype, "cuda")
     check_gated(num_tokens, heads, 128, dtype, "cuda", weight_dtype=torch.float32)
+
+
+def check_layer_norm(num_tokens, hidden, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, residual = (torch.randn(num_tokens, hidden, generator=g).to(device, dtype) for _ in range(2))
+    weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(device, dtype)
+    bias = (0.1 * torch.randn(hidden, generator=g)).to(device, dtype)
+    normed, summed = norm.fused_add_layer_norm(x, residual, weight, bias, 1e-6)
+    want_normed, want_summed = reference.fused_add_layer_norm(x, residual, weight, bias, 1e-6)
+    assert torch.equal(summed, want_summed)
+    assert normed.dtype == want_normed.dtype == dtype and normed.shape == want_normed.shape
+    assert rel_err(normed, want_normed) < TOL[dtype]
+
+
+@pytest.mark.parametrize("num_tokens,hidden", [(1, 16), (7, 96), (3, 1152)])
+def test_interpreter_layer_norm(num_tokens, hidden, interpreter, poisoned):
+    """LayerNorm with the residual add (the vision towers), hidden sizes under and at a power of two."""
+    check_layer_norm(num_tokens, hidden, torch.float32, "cpu")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_tokens,hidden", [(1, 1152), (6400, 1152), (37, 1280)])
+def test_cuda_layer_norm(num_tokens, hidden, dtype, gpu_triton, poisoned):
+    check_layer_norm(num_tokens, hidden, dtype, "cuda")

@@ -1,4 +1,4 @@
-"""RMSNorm, plain and fused with the residual add: the reference on the CPU, Triton on the GPU
+"""RMSNorm, plain and fused with the residual add, and LayerNorm fused with it: the reference on the CPU, Triton on the GPU
 (see hotpath/ops/backend.py)."""
 
 from __future__ import annotations
@@ -37,4 +37,16 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return reference.gated_rms_norm(x, gate, weight, eps)
 
 
-__all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm"]
+def fused_add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual), x + residual): the vision towers' residual add and the next
+    sublayer's norm in one pass."""
+    if backend.use_triton(x):
+        from hotpath.ops.norm import triton as kernels
+
+        return kernels.fused_add_layer_norm(x, residual, weight, bias, eps)
+    return reference.fused_add_layer_norm(x, residual, weight, bias, eps)
+
+
+__all__ = ["fused_add_layer_norm", "fused_add_rms_norm", "gated_rms_norm", "rms_norm"]

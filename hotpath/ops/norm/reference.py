@@ -1,4 +1,5 @@
-"""RMSNorm, plain and fused with the residual add, in the order HF transformers computes it."""
+"""RMSNorm, plain and fused with the residual add, in the order HF transformers computes it; and
+LayerNorm fused with the residual add (the vision towers)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,16 @@ def gated_rms_norm(
     normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
     out = (weight * normed) * F.silu(gate.float())
     return out.to(dtype).reshape(x.shape[0], -1)
+
+
+def fused_add_layer_norm(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    residual: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,  # [hidden]
+    bias: torch.Tensor,  # [hidden]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (layer_norm(x + residual), x + residual), the sum in the inputs' dtype as HF adds
+    the residual stream."""
+    summed = x + residual
+    return F.layer_norm(summed, (summed.shape[-1],), weight, bias, eps), summed

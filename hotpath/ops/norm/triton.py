@@ -1,4 +1,4 @@
-"""RMSNorm kernels: one program per row. They round where the reference rounds (the sum to the
+"""RMSNorm kernels, and LayerNorm fused with the residual add: one program per row. They round where the reference rounds (the sum to the
 input dtype, the normalised row to the input dtype before the weight), so they agree with it to
 the last bit in most elements."""
 
@@ -155,3 +155,55 @@ def gated_rms_norm(
         USE_PDL=use_pdl, num_warps=4, **pdl_launch(use_pdl),
     )
     return out
+
+
+@triton.jit
+def _add_layer_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    bias_ptr,
+    out_ptr,
+    sum_ptr,
+    hidden,
+    eps,
+    stride_x,
+    stride_r,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+    x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # the residual stream, rounded as the reference's
+    tl.store(sum_ptr + row * hidden + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    mean = tl.sum(xf, 0) / hidden
+    centred = tl.where(mask, xf - mean, 0.0)
+    rstd = tl.rsqrt(tl.sum(centred * centred, 0) / hidden + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * hidden + cols, (centred * rstd * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def fused_add_layer_norm(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    residual: torch.Tensor,  # [num_tokens, hidden], x's dtype
+    weight: torch.Tensor,  # [hidden]
+    bias: torch.Tensor,  # [hidden]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (layer_norm(x + residual), x + residual) in x's dtype, like the reference."""
+    assert x.dtype == residual.dtype, (x.dtype, residual.dtype)
+    hidden = x.shape[-1]
+    x2, r2 = _rows(x), _rows(residual)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    summed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0] > 0:
+        block = triton.next_power_of_2(hidden)
+        _add_layer_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, bias, out, summed, hidden, eps, x2.stride(0), r2.stride(0),
+            BLOCK=block, num_warps=row_warps(block),
+        )
+    return out.view(x.shape), summed.view(x.shape)

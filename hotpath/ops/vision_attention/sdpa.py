@@ -30,7 +30,7 @@ def varlen_attention(
     fallback: Callable[..., torch.Tensor],  # (q, k, v, segment_lengths, scale) of a run cuDNN does not take
 ) -> torch.Tensor:  # [total_tokens, num_heads, head_dim], contiguous
     total_tokens, num_heads, head_dim = q.shape
-    out = torch.empty((total_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    pieces = []  # each run's output, [its tokens, heads, dim]
     start = 0
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         for length, run in itertools.groupby(segment_lengths):
@@ -41,8 +41,10 @@ def varlen_attention(
                 qs, ks, vs = (x[start:end].unflatten(0, (count, length)).transpose(1, 2) for x in (q, k, v))
                 if torch.backends.cuda.can_use_cudnn_attention(SDPAParams(qs, ks, vs, None, 0.0, False, False)):
                     o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
-                    out[start:end].unflatten(0, (count, length)).copy_(o.transpose(1, 2))
+                    pieces.append(o.transpose(1, 2).reshape(end - start, num_heads, head_dim))
                 else:
-                    out[start:end] = fallback(q[start:end], k[start:end], v[start:end], [length] * count, scale)
+                    pieces.append(fallback(q[start:end], k[start:end], v[start:end], [length] * count, scale))
             start = end
-    return out
+    if len(pieces) == 1:  # one image or one video's frames: cuDNN's output as it is, no copy
+        return pieces[0].contiguous()
+    return torch.cat(pieces) if pieces else q.new_empty(q.shape)
