@@ -10,11 +10,13 @@ import json
 import logging
 import secrets
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.staticfiles import StaticFiles
 
 from hotpath.args import EngineArgs
 from hotpath.engine.front import EngineDeadError, EngineFront
@@ -35,6 +37,10 @@ logger = logging.getLogger("hotpath")
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 # Routes that need the API key when one is set; /health and /metrics stay open for probes/scrapers.
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+# The web chat page (GET /): plain files, no build step; a client of the routes below like any other.
+_STATIC_DIR = Path(__file__).parent / "static"
+# nothing from another origin, so the page works offline and model output cannot pull anything in
+_PAGE_CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 _ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
            "/tokenize", "/detokenize")
 
@@ -174,6 +180,13 @@ def build_app(
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
         return _error_response(APIError(500, f"internal server error: {type(e).__name__}: {e}",
                                         type="server_error"))
+
+    @app.get("/")
+    async def chat_page() -> FileResponse:
+        return FileResponse(_STATIC_DIR / "index.html",
+                            headers={"Content-Security-Policy": _PAGE_CSP, "Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=_STATIC_DIR), name="static")
 
     @app.get("/health")
     async def health() -> Response:
