@@ -62,11 +62,11 @@ class StructuredOutputsParams:
 
     @property
     def spec(self) -> str:
-        """The constraint as one canonical string (a schema's keys sorted), so equal constraints
-        share a compiled grammar."""
+        """The constraint as one string, so equal constraints share a compiled grammar (a schema
+        as compact JSON text, its keys in their order: properties are generated in that order)."""
         value = getattr(self, self.kind)
         if self.kind == "json":
-            return _json.dumps(_json.loads(value) if isinstance(value, str) else value, sort_keys=True)
+            return _json.dumps(_json.loads(value) if isinstance(value, str) else value)
         if self.kind == "choice":
             return _json.dumps(value)
         if self.kind == "json_object":

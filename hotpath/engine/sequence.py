@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hotpath.engine.detokenizer import DetokenizerState
 from hotpath.outputs import Logprob
 from hotpath.runner.seq_state import SeqState
+
+if TYPE_CHECKING:
+    from hotpath.structured.grammars import SeqGrammar
 
 
 class SequenceStatus(enum.Enum):
@@ -41,6 +45,7 @@ class Sequence(SeqState):
     stop_reason: int | str | None = None
     text: str = ""
     detok: DetokenizerState = field(default_factory=DetokenizerState)
+    grammar: SeqGrammar | None = None  # structured output: its constraint's compile and matcher
 
     @property
     def is_finished(self) -> bool:

@@ -53,8 +53,9 @@ class Speculation:
 
     def num_draft_slots(self, seq: Sequence) -> int:
         """Drafts a decoding sequence may verify this step: the step's k, fewer near max_tokens
-        (a step emits at most drafts + 1 tokens), none past SPEC_GRAPH_MAX_ROWS sequences."""
-        if self._rows_left <= 0:
+        (a step emits at most drafts + 1 tokens), none past SPEC_GRAPH_MAX_ROWS sequences, none
+        for a sequence with structured output (its tokens follow a grammar one at a time)."""
+        if self._rows_left <= 0 or seq.grammar is not None:
             return 0
         slots = max(0, min(self._step_drafts, seq.max_tokens - seq.num_output_tokens - 1))
         self._rows_left -= slots > 0

@@ -6,6 +6,7 @@ from hotpath.executor.worker import Worker, WorkerInfo
 from hotpath.resolve import Resolved
 from hotpath.runner.model_runner import ModelRunner
 from hotpath.runner.plan import SampledToken, StepPlan
+from hotpath.structured.bitmask import TokenMask
 
 
 class InProcessExecutor:
@@ -20,6 +21,9 @@ class InProcessExecutor:
 
     def launch(self, plan: StepPlan) -> int:
         return self.worker.launch(plan)
+
+    def sample(self, step_id: int, mask: TokenMask) -> None:
+        self.worker.sample(step_id, mask)
 
     def collect(self, step_id: int, gone: list[int]) -> dict[int, list[SampledToken]]:
         return self.worker.collect(step_id, gone)

@@ -31,6 +31,7 @@ from hotpath.executor.channel import Channel, ChannelError, connect, encode, job
 from hotpath.executor.worker import WorkerInfo
 from hotpath.resolve import Resolved
 from hotpath.runner.plan import SampledToken, StepPlan, from_wire, to_wire, tokens_from_wire, tokens_to_wire
+from hotpath.structured.bitmask import TokenMask, mask_from_wire, mask_to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,9 @@ class MultiprocExecutor:
         self._broadcast({"op": "launch", "plan": to_wire(plan)})
         self._next_step += 1  # the workers number their steps the same way
         return self._next_step - 1
+
+    def sample(self, step_id: int, mask: TokenMask) -> None:
+        self._broadcast({"op": "sample", "step": step_id, "mask": mask_to_wire(mask)})
 
     def collect(self, step_id: int, gone: list[int]) -> dict[int, list[SampledToken]]:
         self._broadcast({"op": "collect", "step": step_id, "gone": gone})
@@ -293,6 +297,8 @@ def _serve(worker, chan: Channel, rank: int) -> None:
         op = message["op"]
         if op == "launch":
             worker.launch(from_wire(message["plan"]))
+        elif op == "sample":
+            worker.sample(message["step"], mask_from_wire(message["mask"]))
         elif op == "collect":
             tokens = worker.collect(message["step"], message["gone"])
             if rank == 0:

@@ -21,6 +21,7 @@ from hotpath.runner.model_runner import ModelRunner
 from hotpath.runner.step_types import LaunchedStep
 from hotpath.runner.plan import NewSeq, SampledToken, StepPlan
 from hotpath.runner.seq_state import SeqState
+from hotpath.structured.bitmask import TokenMask
 
 
 @dataclass
@@ -110,12 +111,16 @@ class Worker:
         scheduled = self._apply(plan)
         prev = self.steps.get(self.next_step - 1) if plan.uses_prev else None
         assert not plan.uses_prev or prev is not None, "a pending input token without its step"
-        step = self.runner.launch(scheduled, prev)
+        step = self.runner.launch(scheduled, prev, plan.mask_follows)
         for seq in step.sampling:
             seq.num_pending_tokens += 1
         self.steps[self.next_step] = step
         self.next_step += 1
         return self.next_step - 1
+
+    def sample(self, step_id: int, mask: TokenMask) -> None:
+        """Samples a step launched with mask_follows, its token mask applied (structured output)."""
+        self.steps[step_id] = self.runner.sample(self.steps[step_id], mask)
 
     def collect(self, step_id: int, gone: list[int]) -> dict[int, list[SampledToken]]:
         """Waits for a step's tokens and appends them to its sequences; `gone`: sequences the

@@ -21,6 +21,7 @@ from hotpath.loader.model_loader import load_model, load_mtp
 from hotpath.models.decoder import rotary_table
 from hotpath.multimodal.encoder_cache import EncoderCache
 from hotpath.ops.backend import use_triton
+from hotpath.ops.bitmask import apply_token_bitmask
 from hotpath.ops.quant import fp8_dtype
 from hotpath.runner.batch import BatchBuilding
 from hotpath.runner.graphs import Capture, DecodeGraphs, Replayable
@@ -33,6 +34,7 @@ from hotpath.runner.seq_state import SeqState, is_plain_greedy
 from hotpath.runner.step_types import LaunchedStep
 from hotpath.runner.verify import Verify
 from hotpath.runner.visual import VisualInputs
+from hotpath.structured.bitmask import TokenMask
 
 logger = logging.getLogger(__name__)
 
@@ -129,25 +131,31 @@ class ModelRunner(MemoryBudget, BatchBuilding, VisualInputs, HybridState, Verify
             self._capture_decode_graphs()
 
     @torch.inference_mode()
-    def launch(self, scheduled: list[tuple[SeqState, int]], prev: LaunchedStep | None = None) -> LaunchedStep:
+    def launch(self, scheduled: list[tuple[SeqState, int]], prev: LaunchedStep | None = None,
+               mask_follows: bool = False) -> LaunchedStep:
         """Queues one step on the device: the forward, the sampling, and the copy of the sampled
         tokens to the host; returns without waiting for any of it (`collect` waits).
 
         `prev` is the step launched just before and not collected yet (async scheduling): a row
         whose input token is a pending token of prev's takes it from prev's sampled ids on the
-        device. Such rows must be plain greedy (is_plain_greedy): the Sampler would read output
-        token lists that lack the pending tokens."""
+        device. Such rows must be plain greedy (is_plain_greedy), or the step must wait for its
+        mask: the Sampler would read output token lists that lack the pending tokens.
+
+        `mask_follows` (structured output): the step stops at its logits and samples when
+        `sample` brings its token mask, which the engine fills while the forward runs."""
         if self._verify_rows:  # the last verify step's records, rolled back by now (or finished)
             self._free_verify_records()
-        if any(seq.draft_token_ids for seq, _ in scheduled) and (verify := self._verify_in_graph(scheduled)):
+        if any(seq.draft_token_ids for seq, _ in scheduled) and (
+                verify := self._verify_in_graph(scheduled, mask_follows)):
             return verify
         self._hidden = (None, None)
-        step = self._launch(scheduled, prev)
+        step = self._launch(scheduled, prev, mask_follows)
         # with an MTP head: its inputs, once the step's tokens are on the host (else None)
         (step.hidden, step.hidden_rows), self._hidden = self._hidden, (None, None)
         return step
 
-    def _launch(self, scheduled: list[tuple[SeqState, int]], prev: LaunchedStep | None) -> LaunchedStep:
+    def _launch(self, scheduled: list[tuple[SeqState, int]], prev: LaunchedStep | None,
+                mask_follows: bool) -> LaunchedStep:
         graph_size = self._graph_size(scheduled)
         if graph_size:
             sampling = [seq for seq, _ in scheduled]
@@ -173,8 +181,32 @@ class ModelRunner(MemoryBudget, BatchBuilding, VisualInputs, HybridState, Verify
             if not sampling:
                 return LaunchedStep(scheduled, [], None, [], None)
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # [num_logits, vocab]
-            if any(seq.draft_token_ids for seq in sampling):
-                return self._verify(scheduled, sampling, logits)
+        step = LaunchedStep(scheduled, sampling, None, [], None, logits=logits,
+                            verifies=any(seq.draft_token_ids for seq in sampling))
+        return step if mask_follows else self._sample(step)
+
+    @torch.inference_mode()
+    def sample(self, step: LaunchedStep, mask: TokenMask) -> LaunchedStep:
+        """Samples a step launched with `mask_follows`: its token mask applied to the logits of
+        the constrained rows (-inf where a token is refused), then the sampling (or verification)
+        the step would have done, queued behind its forward. Returns the step to collect."""
+        first, row = {}, 0  # each sampling sequence's first logits row
+        for seq in step.sampling:
+            first[seq.seq_id] = row
+            row += 1 + len(seq.draft_token_ids)
+        rows = torch.tensor([first[seq_id] for seq_id in mask.seq_ids], dtype=torch.int64)  # [masked]
+        on_cuda = self.device.type == "cuda"
+        apply_token_bitmask(step.logits, mask.bitmask.to(self.device, non_blocking=on_cuda),
+                            (rows.pin_memory() if on_cuda else rows).to(self.device, non_blocking=on_cuda))
+        sampled = self._sample(step)
+        sampled.hidden, sampled.hidden_rows = step.hidden, step.hidden_rows
+        return sampled
+
+    def _sample(self, step: LaunchedStep) -> LaunchedStep:
+        """A step's tokens from its sampling rows' logits: verified drafts, or the Sampler's."""
+        scheduled, sampling, logits = step.scheduled, step.sampling, step.logits
+        if step.verifies:
+            return self._verify(scheduled, sampling, logits)
         out = self.sampler(
             logits,
             [s.params for s in sampling],

@@ -88,11 +88,12 @@ class SeqState:
 
 def is_plain_greedy(seq: SeqState) -> bool:
     """Whether seq's next token is the plain argmax of its logits: greedy, no penalties, no
-    min_tokens suppression in force and no top logprobs asked for. Such a row needs nothing the
-    Sampler adds, so the decode graph's own argmax (and its logprob) is its token."""
+    min_tokens suppression in force, no top logprobs asked for and no structured output. Such a row
+    needs nothing the Sampler adds, so the decode graph's own argmax (and its logprob) is its token."""
     p = seq.params
     return (
         p.greedy
+        and p.structured_outputs is None
         and not p.logprobs  # None or 0: only the sampled token's logprob
         and p.repetition_penalty == 1.0
         and p.presence_penalty == 0.0

@@ -27,6 +27,10 @@ class LaunchedStep:
     # where each sequence's are: (sequence, first position, tokens, first row in `hidden`)
     hidden: torch.Tensor | None = None
     hidden_rows: list[tuple[SeqState, int, int, int]] | None = None
+    # a step whose sampling waits for its token mask (structured output): the sampling rows'
+    # logits ([rows, vocab] fp32, a verify step's 1 + drafts rows a sequence) and whether it verifies
+    logits: torch.Tensor | None = None
+    verifies: bool = False
 
     def rows_of(self, seqs: list[SeqState]) -> list[int]:
         """The rows that sampled these sequences' tokens in this step."""

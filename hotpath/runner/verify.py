@@ -38,12 +38,13 @@ class Verify:
                                   for j, (t, lp) in enumerate(zip(verified.token_ids[i], verified.logprobs[i]))]
         return LaunchedStep(scheduled, sampling, None, [], None, verified=tokens)
 
-    def _verify_in_graph(self, scheduled: list[tuple[SeqState, int]]) -> LaunchedStep | None:
+    def _verify_in_graph(self, scheduled: list[tuple[SeqState, int]], mask_follows: bool) -> LaunchedStep | None:
         """A verify step as a graph of rows of q = 1 + K tokens, when every row is a decode or
         verify row (its last token, on the host, and its drafts) whose blocks hold q tokens (rows
         with fewer drafts pad); None to run it eagerly. Plain greedy rows take the
         graph's argmax as the target's tokens (accepted while they equal the drafts), the rest go
-        through the rejection sampler on the graph's logits."""
+        through the rejection sampler on the graph's logits (after the step's token mask, where
+        `mask_follows`: ModelRunner.sample)."""
         graphs = self.spec_graphs(draft=False, query_len=1 + self.num_speculative_tokens)
         if graphs is None or len(scheduled) > graphs.max_rows:
             return None
@@ -60,7 +61,9 @@ class Verify:
         logits, ids, logprobs = graphs.run(seqs, rows)  # [n * q, vocab], [n * q], [n * q]
         if not all(is_plain_greedy(seq) for seq in seqs):
             index = [i * q + j for i, (_, tokens) in enumerate(rows) for j in range(len(tokens))]
-            return self._verify(scheduled, seqs, logits[torch.tensor(index).to(self.device, non_blocking=True)])
+            logits = logits[torch.tensor(index).to(self.device, non_blocking=True)]
+            step = LaunchedStep(scheduled, seqs, None, [], None, logits=logits, verifies=True)
+            return step if mask_follows else self._verify(scheduled, seqs, logits)
         ids, logprobs = ids.tolist(), logprobs.tolist()  # the step's one host synchronisation
         tokens = {}
         for i, seq in enumerate(seqs):

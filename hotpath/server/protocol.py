@@ -67,6 +67,8 @@ class _SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # vLLM's: the output held to one of json (a schema), regex, choice, grammar, json_object
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -22,7 +22,7 @@ from hotpath.engine.front import EngineDeadError, EngineFront, RequestStream
 from hotpath.engine.mm_inputs import MultiModalInputs
 from hotpath.multimodal.inputs import ProcessedPrompt
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
-from hotpath.sampling_params import MAX_LOGPROBS, SamplingParams
+from hotpath.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
 from hotpath.server.chat_prompts import ChatPrompts, require_tokenizer
 from hotpath.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
 
@@ -133,6 +133,7 @@ class OpenAIServing:
                 ignore_eos=req.ignore_eos,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
+                structured_outputs=structured_outputs(req),
             )
         except ValueError as e:
             # SamplingParams' messages start with the field's name
@@ -231,8 +232,6 @@ class OpenAIServing:
         self.check_model(req.model)
         if req.tools:
             raise APIError(400, "tool calling is not supported", param="tools")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise APIError(400, "only response_format type 'text' is supported", param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -434,6 +433,28 @@ async def _until_disconnected(raw: Request, coro) -> object | None:
     if work.cancelled():
         return None
     return work.result()
+
+
+def structured_outputs(req) -> StructuredOutputsParams | dict | None:
+    """The request's constraint: chat's OpenAI `response_format` (json_object, or json_schema with
+    its schema), or vLLM's `structured_outputs` fields (SamplingParams checks them); whether it
+    compiles is the engine's to say (a ValueError, answered 400, naming the reason)."""
+    fmt = getattr(req, "response_format", None)
+    kind = (fmt or {}).get("type", "text")
+    if kind == "text":
+        return req.structured_outputs
+    if req.structured_outputs is not None:
+        raise APIError(400, "set response_format or structured_outputs, not both", param="response_format")
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind != "json_schema":
+        raise APIError(400, f"response_format type {kind!r} is not supported: use text, json_object or "
+                            "json_schema", param="response_format")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise APIError(400, "response_format json_schema needs json_schema.schema, a JSON schema object",
+                       param="response_format")
+    return StructuredOutputsParams(json=spec["schema"])
 
 
 def _finish_reason(o: CompletionOutput) -> str | None:

@@ -243,10 +243,10 @@ def test_mixed_steps_overlap(model, monkeypatch):
     runner, launch, collect = engine.executor.runner, engine.executor.runner.launch, engine.executor.runner.collect
     uncollected, mixed_overlaps = [], []
 
-    def tracked_launch(scheduled, prev=None):
+    def tracked_launch(scheduled, prev=None, mask_follows=False):
         mixed_overlaps.extend(step for step in uncollected
                               if any(n > 1 for _, n in step.scheduled) and any(n == 1 for _, n in step.scheduled))
-        step = launch(scheduled, prev)
+        step = launch(scheduled, prev, mask_follows)
         uncollected.append(step)
         return step
 

@@ -57,6 +57,7 @@ from hotpath.ops.attention import (  # noqa: E402
     rope_and_paged_attention,
     write_kv_cache,
 )
+from hotpath.ops.bitmask import apply_token_bitmask  # noqa: E402
 from hotpath.ops.gated_delta import decode_step, triton_chunked, triton_conv  # noqa: E402
 from hotpath.ops.moe import add_into_residual  # noqa: E402
 from hotpath.ops.norm import gated_rms_norm  # noqa: E402
@@ -282,6 +283,11 @@ def _steps(run: Run, model: torch.nn.Module, target: Target, step: list[str]) ->
     batch = _batch([1], [1000], max_len)
     paged_attention(q, k_cache, v_cache, batch.cu_query_lens, batch.context_lens, batch.block_tables,
                     cfg.head_dim**-0.5, 1, max_len, 0.5, 0.5)
+    # structured output's token bitmask over a step's logits, half of 64 rows constrained
+    words = -(-cfg.vocab_size // 32)
+    apply_token_bitmask(torch.empty(64, cfg.vocab_size, dtype=torch.float32, device=META),
+                        torch.empty(32, words, dtype=torch.int32, device=META),
+                        torch.empty(32, dtype=torch.int64, device=META))
     if run.kv_cache_dtype != "auto":
         return  # the rest has no KV cache: the other runs record it
     # the hybrid models' Gated DeltaNet decode step, at Qwen3-Next-80B's linear-attention shape

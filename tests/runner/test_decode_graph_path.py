@@ -181,11 +181,11 @@ def test_hybrid_decode_through_the_graphs(name, async_scheduling, tiny_model_fac
     steps = []  # [decode-shaped, saves a snapshot, restores one, replayed a graph] per launch
     launch, run_graph = runner.launch, runner._run_decode_graph
 
-    def launch_spy(scheduled, prev=None):
+    def launch_spy(scheduled, prev=None, mask_follows=False):
         steps.append([all(n == 1 and s.num_computed_tokens + 1 == s.num_tokens for s, n in scheduled),
                       any(s.save_at is not None for s, _ in scheduled),
                       any(s.restore_snapshot is not None for s, _ in scheduled), False])
-        return launch(scheduled, prev)
+        return launch(scheduled, prev, mask_follows)
 
     def graph_spy(*args):
         steps[-1][3] = True
