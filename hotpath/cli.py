@@ -14,6 +14,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from hotpath.args import EngineArgs
+from hotpath.server.reasoning import REASONING_PARSERS
+from hotpath.server.tool_parsers import TOOL_PARSERS
 
 if TYPE_CHECKING:
     from hotpath.llm import LLM
@@ -168,12 +170,14 @@ def cmd_quantize(ns: argparse.Namespace) -> int:
 
 def cmd_serve(ns: argparse.Namespace) -> int:
     from hotpath.server.launch import run_server
+    from hotpath.server.tool_choice import ParserOptions
 
+    parser_options = ParserOptions(ns.reasoning_parser, ns.tool_call_parser, ns.enable_auto_tool_choice)
     return run_server(
         EngineArgs.from_cli_args(ns), host=ns.host, port=ns.port, api_key=ns.api_key,
         served_model_name=ns.served_model_name, max_body_bytes=ns.max_request_bytes,
         shutdown_timeout=ns.shutdown_timeout, uvicorn_log_level=ns.uvicorn_log_level,
-        engine_process=ns.engine_process,
+        engine_process=ns.engine_process, parser_options=parser_options,
     )
 
 
@@ -328,6 +332,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     g.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="uvicorn's own log level (default warning)")
+    c = p.add_argument_group("chat output")
+    c.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="split the reply's <think>...</think> block off as reasoning_content "
+                        "(message.reasoning_content, or delta.reasoning_content when streamed); "
+                        "qwen3: Qwen3 and other <think> models, templates that pre-fill <think> "
+                        "included (default: the reply is left whole in content)")
+    c.add_argument("--tool-call-parser", default=None, choices=list(TOOL_PARSERS),
+                   help="read tool calls out of the model's text: hermes for Qwen2.5 and Qwen3 "
+                        "(<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>), qwen3_coder for "
+                        "Qwen3-Coder (<tool_call><function=NAME><parameter=P>...); needed, with "
+                        "--enable-auto-tool-choice, for tool_choice \"auto\"")
+    c.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="serve tool_choice \"auto\" (the default when a request gives tools): the "
+                        "model decides whether to call, and --tool-call-parser reads its calls. "
+                        "\"required\" and a named function need neither flag: their output is "
+                        "constrained to the tools' JSON schemas")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 
@@ -28,9 +28,11 @@ from hotpath.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    RequestBody,
     TokenizeRequest,
 )
 from hotpath.server.serving import OpenAIServing
+from hotpath.server.tool_choice import ParserOptions
 
 logger = logging.getLogger("hotpath")
 
@@ -118,7 +120,7 @@ def _error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def _parse(request: Request, cls: type[BaseModel], max_body_bytes: int):
+async def _parse(request: Request, cls: type[RequestBody], max_body_bytes: int) -> RequestBody:
     try:
         raw = await request.body()
     except _BodyTooLarge:
@@ -130,11 +132,17 @@ async def _parse(request: Request, cls: type[BaseModel], max_body_bytes: int):
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
-        return cls.model_validate(data)
+        req = cls.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         param = ".".join(str(x) for x in err["loc"]) or None
         raise APIError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+    unsupported = req.unsupported_field()
+    if unsupported is not None:
+        raise APIError(400, f"{unsupported}: this server does not support this field, and serving the "
+                            "request without it could give other output than asked for; remove it",
+                       param=unsupported)
+    return req
 
 
 def build_app(
@@ -143,6 +151,7 @@ def build_app(
     engine_args: EngineArgs,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    parser_options: ParserOptions | None = None,
 ) -> _Guard:
     """The ASGI app around a (not yet started) engine front; its lifespan starts it and, once
     uvicorn has drained the requests in flight, stops the engine. `engine_args`: those the engine
@@ -150,7 +159,7 @@ def build_app(
     metrics = ServerMetrics(model_name)
     front.on_finished = metrics.observe_finished
     mm_inputs = multimodal_inputs(engine_args, front.info.model_dir, front.tokenizer)
-    serving = OpenAIServing(front, model_name, mm_inputs)
+    serving = OpenAIServing(front, model_name, mm_inputs, parser_options)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -227,8 +236,9 @@ def build_app(
         if req.prompt is not None:
             tokens = serving.encode(req.prompt, req.add_special_tokens)
         else:
-            prompt = await serving.chat_prompt(req.messages, req.add_generation_prompt,
-                                               mm_processor_kwargs=req.mm_processor_kwargs)
+            prompt = await serving.chat_prompt(req.messages, req.add_generation_prompt, req.chat_template_kwargs,
+                                               req.mm_processor_kwargs,
+                                               [t.model_dump(exclude_none=True) for t in req.tools or ()] or None)
             # with images, the ids the engine would run: placeholders expanded
             tokens = prompt.prompt_token_ids if isinstance(prompt, ProcessedPrompt) else prompt
         return {"tokens": tokens, "count": len(tokens), "max_model_len": serving.max_model_len}

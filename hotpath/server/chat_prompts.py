@@ -10,6 +10,7 @@ whose tensors cross to the engine process in shared memory; the engine then only
 from __future__ import annotations
 
 import asyncio
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +45,16 @@ class ChatPrompts:
 
     async def prompt(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                      template_kwargs: dict[str, Any] | None = None,
-                     mm_processor_kwargs: dict[str, Any] | None = None) -> list[int] | ProcessedPrompt:
+                     mm_processor_kwargs: dict[str, Any] | None = None,
+                     tools: list[dict[str, Any]] | None = None) -> list[int] | ProcessedPrompt:
         """Token ids for text-only messages; a ProcessedPrompt (placeholders expanded, media
-        preprocessed) where the messages carry images or videos. APIError 400 for what cannot be
-        this model's prompt."""
+        preprocessed) where the messages carry images or videos. `tools`: OpenAI's tool objects,
+        which the template renders (as transformers' apply_chat_template(tools=...) passes them).
+        APIError 400 for what cannot be this model's prompt."""
         conversation, media = extract_media([m.template_message() for m in messages])
         if media:  # first: a text-only model's template may fail on the media parts with a vaguer error
             self._check_takes_media()
-        ids = self._apply_template(conversation, add_generation_prompt, template_kwargs)
+        ids = self._apply_template(conversation, add_generation_prompt, template_kwargs, tools)
         if not media:
             return ids
         prompt: dict[str, Any] = {"prompt_token_ids": ids, "multi_modal_data": media}
@@ -70,16 +73,30 @@ class ChatPrompts:
                                 f"{why}; send text only", param="messages")
 
     def _apply_template(self, conversation: list[dict[str, Any]], add_generation_prompt: bool,
-                        template_kwargs: dict[str, Any] | None) -> list[int]:
+                        template_kwargs: dict[str, Any] | None, tools: list[dict[str, Any]] | None) -> list[int]:
         tok = require_tokenizer(self.tokenizer)
         if not tok.chat_template:
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions",
                            param="messages")
+        template_kwargs = template_kwargs or {}
+        # the template's own variables (enable_thinking, ...) only: apply_chat_template's
+        # parameters are set by the request's own fields
+        taken = sorted(set(template_kwargs) & _apply_template_parameters(tok))
+        if taken:
+            raise APIError(400, f"chat_template_kwargs cannot set {', '.join(taken)}: those are "
+                                "apply_chat_template's own parameters, set from the request's fields",
+                           param="chat_template_kwargs")
         try:
-            ids = tok.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                          tokenize=True, **(template_kwargs or {}))
+            ids = tok.apply_chat_template(conversation, tools=tools, add_generation_prompt=add_generation_prompt,
+                                          tokenize=True, **template_kwargs)
         except Exception as e:  # the template's own errors (jinja raise_exception) are user input errors
             raise APIError(400, f"cannot apply the chat template to these messages: {e}",
                            param="messages") from e
         # transformers 5 returns a BatchEncoding here, 4.x a plain list
         return list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+
+
+def _apply_template_parameters(tok: Any) -> set[str]:
+    """apply_chat_template's named parameters (conversation, tools, tokenize, ...)."""
+    return {name for name, p in inspect.signature(tok.apply_chat_template).parameters.items()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD}

@@ -18,6 +18,7 @@ from hotpath.args import EngineArgs
 from hotpath.engine.dp_front import DataParallelFront
 from hotpath.engine.engine_client import EngineClient, EngineStartupError
 from hotpath.engine.front import EngineFront
+from hotpath.server.tool_choice import ParserOptions
 
 
 class _Server(uvicorn.Server):
@@ -47,6 +48,7 @@ def run_server(
     shutdown_timeout: float = 30.0,
     uvicorn_log_level: str = "warning",
     engine_process: bool = True,
+    parser_options: ParserOptions | None = None,
 ) -> int:
     from hotpath.server.app import DEFAULT_MAX_BODY_BYTES, build_app
 
@@ -72,7 +74,8 @@ def run_server(
     try:
         name = served_model_name or engine_args.model or _default_model_name()
         app = build_app(front, name, engine_args, api_key=api_key,
-                        max_body_bytes=DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes)
+                        max_body_bytes=DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
+                        parser_options=parser_options)
         info = front.info
         if isinstance(front, DataParallelFront):
             on = f" on GPUs {' | '.join(front.gpus)}" if front.gpus else ""

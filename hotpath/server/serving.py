@@ -23,16 +23,20 @@ from hotpath.engine.mm_inputs import MultiModalInputs
 from hotpath.multimodal.inputs import ProcessedPrompt
 from hotpath.outputs import CompletionOutput, Logprob, RequestOutput
 from hotpath.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from hotpath.server.chat_output import ChatDelta, ChatOutputParser
 from hotpath.server.chat_prompts import ChatPrompts, require_tokenizer
 from hotpath.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
+from hotpath.server.tool_choice import ParserOptions, RequestTools, output_parser
 
 MAX_N = 128  # choices per request, as OpenAI caps n
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; tokens masked by top-k/top-p get this, as in vLLM
 
 
 class OpenAIServing:
-    def __init__(self, front: EngineFront, model_name: str, mm_inputs: MultiModalInputs) -> None:
+    def __init__(self, front: EngineFront, model_name: str, mm_inputs: MultiModalInputs,
+                 parser_options: ParserOptions | None = None) -> None:
         self.front = front
+        self.parser_options = parser_options or ParserOptions()
         self.tokenizer = front.tokenizer
         self.chat_prompts = ChatPrompts(front.tokenizer, mm_inputs)
         self.model_name = model_name
@@ -84,9 +88,10 @@ class OpenAIServing:
 
     async def chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                           chat_template_kwargs: dict | None = None,
-                          mm_processor_kwargs: dict | None = None) -> list[int] | ProcessedPrompt:
+                          mm_processor_kwargs: dict | None = None,
+                          tools: list[dict] | None = None) -> list[int] | ProcessedPrompt:
         prompt = await self.chat_prompts.prompt(messages, add_generation_prompt, chat_template_kwargs,
-                                                mm_processor_kwargs)
+                                                mm_processor_kwargs, tools)
         ids = prompt.prompt_token_ids if isinstance(prompt, ProcessedPrompt) else prompt
         self.check_token_ids(ids, "messages")
         return prompt
@@ -230,37 +235,46 @@ class OpenAIServing:
     # ---- /v1/chat/completions -----------------------------------------------------------
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> dict | Response:
         self.check_model(req.model)
-        if req.tools:
-            raise APIError(400, "tool calling is not supported", param="tools")
+        tools = RequestTools.from_request(req, self.parser_options)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         # the sampling fields first: they are checked before any image is fetched or decoded
         params = self.sampling_params(req, max_tokens, logprobs, "top_logprobs")
+        constraint = tools.constraint() if tools else None
+        if constraint is not None:
+            if params.structured_outputs is not None:
+                raise APIError(400, f'tool_choice "{tools.choice}" constrains the output itself; it cannot be '
+                                    "combined with response_format or structured_outputs", param="tool_choice")
+            params.structured_outputs = constraint
         prompt = await self.chat_prompt(req.messages, req.add_generation_prompt, req.chat_template_kwargs,
-                                        req.mm_processor_kwargs)
-        num_tokens = len(prompt.prompt_token_ids if isinstance(prompt, ProcessedPrompt) else prompt)
-        self.check_length(num_tokens, max_tokens, "messages")
+                                        req.mm_processor_kwargs, tools.template_tools if tools else None)
+        ids = prompt.prompt_token_ids if isinstance(prompt, ProcessedPrompt) else prompt
+        self.check_length(len(ids), max_tokens, "messages")
+        # the prompt's end says whether the reply starts inside a reasoning block
+        tail = self.tokenizer.decode(ids[-8:]) if self.parser_options.reasoning_parser else ""
+        parsers = [output_parser(self.parser_options, tools, tail) for _ in range(params.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._add(request_id, [prompt], params)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(self._chat_chunks(request_id, streams[0], params, include_usage), streams)
+            return SSEResponse(self._chat_chunks(request_id, streams[0], params, parsers, include_usage),
+                               streams)
         finals = await _until_disconnected(raw, _collect(streams))
         if finals is None:
             return Response(status_code=499)
         choices = [{
             "index": o.index,
-            "message": {"role": "assistant", "content": o.text},
+            "message": parsers[o.index].message(o.text),
             "logprobs": {"content": self._chat_logprobs(o, 0)} if params.logprobs is not None else None,
-            "finish_reason": _finish_reason(o),
+            "finish_reason": _chat_finish_reason(o, parsers[o.index]),
         } for o in finals[0].outputs]
         return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": _usage(finals)}
 
     async def _chat_chunks(self, request_id: str, stream: RequestStream, params: SamplingParams,
-                           include_usage: bool) -> AsyncIterator[str]:
+                           parsers: list[ChatOutputParser], include_usage: bool) -> AsyncIterator[str]:
         created = int(time.time())
 
         def chunk(choices: list[dict]) -> str:
@@ -281,8 +295,13 @@ class OpenAIServing:
             for o in out.outputs:
                 if o.index in finished:
                     continue
-                delta = o.text[sent_text[o.index]:]
-                finish = _finish_reason(o)
+                parser = parsers[o.index]
+                text = o.text[sent_text[o.index]:]
+                sent_text[o.index] = len(o.text)
+                delta = parser.feed(text) if text else ChatDelta()
+                if o.finish_reason is not None:
+                    delta.extend(parser.finish())
+                finish = _chat_finish_reason(o, parser)
                 new_tokens = len(o.token_ids) > sent_tokens[o.index]
                 if not delta and not finish and not (new_tokens and params.logprobs is not None):
                     continue
@@ -290,11 +309,10 @@ class OpenAIServing:
                 if params.logprobs is not None:
                     logprobs = {"content": self._chat_logprobs(o, sent_tokens[o.index])}
                     sent_tokens[o.index] = len(o.token_ids)
-                sent_text[o.index] = len(o.text)
                 if finish:
                     finished.add(o.index)
-                yield chunk([{"index": o.index, "delta": {"content": delta} if delta else {},
-                              "logprobs": logprobs, "finish_reason": finish}])
+                yield chunk([{"index": o.index, "delta": delta.fields(), "logprobs": logprobs,
+                              "finish_reason": finish}])
             if out.finished:
                 final = out
         if include_usage:
@@ -461,6 +479,12 @@ def _finish_reason(o: CompletionOutput) -> str | None:
     if o.finish_reason is None:
         return None
     return "length" if o.finish_reason == "length" else "stop"
+
+
+def _chat_finish_reason(o: CompletionOutput, parser: ChatOutputParser) -> str | None:
+    """OpenAI's "tool_calls" where the model stopped after calling tools."""
+    reason = _finish_reason(o)
+    return "tool_calls" if reason == "stop" and parser.tools_called else reason
 
 
 def _usage(finals: list[RequestOutput]) -> dict:

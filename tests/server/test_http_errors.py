@@ -42,7 +42,26 @@ CASES = [
     ("prompt + max_tokens over the limit", "/v1/completions", {**COMPLETION, "prompt": [5] * 300, "max_tokens": 300},
      400, "max_tokens", "context_length_exceeded", ["512", "600", "300"]),
     ("stream not a bool", "/v1/completions", {**COMPLETION, "stream": "maybe"}, 400, "stream", None, []),
-    ("tools", "/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools", None, []),
+    ("tool without its function", "/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400,
+     "tools.0.function", None, []),
+    # a server started without --enable-auto-tool-choice: tools default to "auto"
+    ("tool_choice auto without the flag", "/v1/chat/completions",
+     {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice", None,
+     ["--enable-auto-tool-choice", "--tool-call-parser"]),
+    ("tool_choice without tools", "/v1/chat/completions", {**CHAT, "tool_choice": "required"}, 400,
+     "tool_choice", None, ["tools"]),
+    ("content part of an unknown type", "/v1/chat/completions",
+     {**CHAT, "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, 400,
+     "messages.0.content", None, ["'input_audio'", "not supported", "text"]),
+    # fields hotpath does not implement, which would change the output: refused, not ignored
+    *[(f"unsupported field {name}", path, {**body, name: value}, 400, name, None, [name])
+      for name, value, path, body in [
+          ("logit_bias", {"42": 100}, "/v1/chat/completions", CHAT),
+          ("guided_json", {"type": "object"}, "/v1/chat/completions", CHAT),
+          ("reasoning_effort", "high", "/v1/chat/completions", CHAT),
+          ("use_beam_search", True, "/v1/completions", COMPLETION),
+          ("prompt_logprobs", 1, "/v1/completions", COMPLETION),
+      ]],
     ("body over the size limit", "/v1/completions", {**COMPLETION, "prompt": "x" * 70000}, 413, None,
      "request_too_large", ["65536"]),
 ]
@@ -70,6 +89,21 @@ def test_bad_request(server, name, path, body, status, param, code, words):
     resp = httpx.post(server.url + path, headers=HEADERS, timeout=60, **kwargs)
     check_error(resp, status, param, code, words)
     assert_still_serving(server)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
+def test_harmless_fields_pass(server, path, body):
+    harmless = {"user": "u-1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+                "parallel_tool_calls": True, "prompt_cache_key": "k", "safety_identifier": "s"}
+    resp = httpx.post(server.url + path, json={**body, **harmless}, headers=HEADERS, timeout=60)
+    assert resp.status_code == 200, resp.text
+
+
+def test_tool_choice_none_needs_no_flag(server):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    resp = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "tools": tools, "tool_choice": "none"},
+                      headers=HEADERS, timeout=60)
+    assert resp.status_code == 200 and "tool_calls" not in resp.json()["choices"][0]["message"], resp.text
 
 
 def test_chunked_body_over_the_limit(server):
