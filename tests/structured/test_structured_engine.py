@@ -149,3 +149,17 @@ def test_speculation_skips_constrained_rows(tiny_chat_model):
     assert outs[0].metrics["spec_num_draft_tokens"] > 0
     assert outs[1].metrics["spec_num_draft_tokens"] == 0
     assert re.fullmatch(regex, outs[1].outputs[0].text), outs[1].outputs[0].text
+
+
+def test_worker_processes_apply_the_mask(tiny_chat_model, llm):
+    """Through a worker process (the plan and the mask cross as JSON frames), constrained outputs
+    equal the in-process engine's (greedy)."""
+    params = [constrained(temperature=0.0, regex="[a-z]{2,6}!"), constrained(temperature=0.0, choice=["up", "down"]),
+              SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)]
+    want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)]
+    mp = LLM(str(tiny_chat_model), device="cpu", max_model_len=256, distributed_executor_backend="mp")
+    try:
+        got = [o.outputs[0].token_ids for o in mp.generate(PROMPTS[:3], params, use_tqdm=False)]
+    finally:
+        mp.engine.shutdown()
+    assert got == want
