@@ -100,13 +100,13 @@ def two_turns(url: str, first: str, ns: argparse.Namespace) -> dict:
     before = httpx.get(url + "/metrics").text
     ttft2, _ = turn(client, messages, ns.reply_tokens)
     after = httpx.get(url + "/metrics").text
-    hits, queried = ("hotpath_prefix_cache_hits_total", "hotpath_prefix_cache_queries_total")
+    hits, queried = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
     return {"ttft_turn1_ms": ttft1 * 1e3, "ttft_turn2_ms": ttft2 * 1e3,
             # turn 2's own lookup, from the counters' change
             "turn2_prompt_tokens_hit": metric(after, hits) - metric(before, hits),
             "turn2_prompt_tokens": metric(after, queried) - metric(before, queried),
             # since the server started (the warm-up and turn 1 included)
-            "prefix_cache_hit_rate": metric(after, "hotpath_prefix_cache_hit_rate")}
+            "prefix_cache_hit_rate": metric(after, hits) / max(metric(after, queried), 1.0)}
 
 
 def main() -> None:

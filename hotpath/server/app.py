@@ -22,6 +22,7 @@ from hotpath.args import EngineArgs
 from hotpath.engine.front import EngineDeadError, EngineFront
 from hotpath.multimodal.inputs import ProcessedPrompt
 from hotpath.server.chat_prompts import multimodal_inputs
+from hotpath.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from hotpath.server.metrics import ServerMetrics
 from hotpath.server.protocol import (
     APIError,
@@ -156,7 +157,7 @@ def build_app(
     """The ASGI app around a (not yet started) engine front; its lifespan starts it and, once
     uvicorn has drained the requests in flight, stops the engine. `engine_args`: those the engine
     was started with, for the image and video settings that the server applies."""
-    metrics = ServerMetrics(model_name)
+    metrics = ServerMetrics(model_name, front)
     front.on_finished = metrics.observe_finished
     mm_inputs = multimodal_inputs(engine_args, front.info.model_dir, front.tokenizer)
     serving = OpenAIServing(front, model_name, mm_inputs, parser_options)
@@ -205,8 +206,7 @@ def build_app(
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return PlainTextResponse(metrics.render(front.stats, front.replicas()),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def list_models() -> dict:

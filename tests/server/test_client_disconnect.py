@@ -14,7 +14,7 @@ def wait_idle(server, timeout=30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         m = {k.split("{")[0]: v for k, v in server.metrics().items()}
-        if m["hotpath_num_requests_running"] == 0 and m["hotpath_kv_cache_usage_ratio"] == 0.0:
+        if m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0.0:
             return m
         assert time.monotonic() < deadline, f"engine still busy after the client left: {m}"
         time.sleep(0.05)
@@ -29,13 +29,13 @@ def test_stream_disconnect_frees_kv_blocks(server):
             lines = resp.iter_lines()
             next(line for line in lines if line.startswith("data:"))
             # the request holds KV blocks while it streams
-            assert server.gauge("hotpath_kv_cache_usage_ratio") > 0
-            assert server.gauge("hotpath_num_requests_running") == 1
+            assert server.gauge("vllm:kv_cache_usage_perc") > 0
+            assert server.gauge("vllm:num_requests_running") == 1
         # leaving the block closes the connection mid-stream
     after = wait_idle(server)
-    assert after["hotpath_request_aborted_total"] == before["hotpath_request_aborted_total"] + 1
+    assert after["hotpath:request_aborted_total"] == before["hotpath:request_aborted_total"] + 1
     # 500 tokens would take far more steps than were run before the abort
-    assert after["hotpath_generation_tokens_total"] - before["hotpath_generation_tokens_total"] < 500
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 500
 
 
 def test_non_streaming_disconnect_frees_kv_blocks(server):
@@ -45,4 +45,4 @@ def test_non_streaming_disconnect_frees_kv_blocks(server):
     except httpx.ReadTimeout:
         pass
     after = wait_idle(server)
-    assert after["hotpath_request_aborted_total"] == before["hotpath_request_aborted_total"] + 1
+    assert after["hotpath:request_aborted_total"] == before["hotpath:request_aborted_total"] + 1

@@ -33,10 +33,10 @@ def client(dp_server):
 
 
 def per_replica(server, name: str) -> list[float]:
-    """One value per replica of a hotpath_dp_* series, in replica order."""
+    """One value per replica of a hotpath:dp_* series, in replica order."""
     values = {}
     for key, value in server.metrics().items():
-        match = re.fullmatch(rf'hotpath_{name}\{{.*replica="(\d+)"\}}', key)
+        match = re.fullmatch(rf'hotpath:{name}\{{.*replica="(\d+)"\}}', key)
         if match:
             values[int(match.group(1))] = value
     assert sorted(values) == [0, 1], values
@@ -88,15 +88,15 @@ def test_completions_and_chat_are_served_by_both_replicas(dp_server, client):
     # the engines themselves got them: each counted prompt tokens, and /metrics sums the two
     prompt_tokens = per_replica(dp_server, "dp_prompt_tokens_total")
     assert min(prompt_tokens) > 0
-    assert dp_server.gauge("hotpath_prompt_tokens_total") == sum(prompt_tokens)
-    assert 0.0 <= dp_server.gauge("hotpath_kv_cache_usage_ratio") <= 1.0
+    assert dp_server.gauge("vllm:prompt_tokens_total") == sum(prompt_tokens)
+    assert 0.0 <= dp_server.gauge("vllm:kv_cache_usage_perc") <= 1.0
 
 
 def test_a_repeated_prefix_goes_to_the_replica_that_has_it(dp_server, client):
     prefix = list(range(20, 100))  # five blocks of 16 tokens
     routed_before = per_replica(dp_server, "dp_requests_routed_total")
     prefix_before = per_replica(dp_server, "dp_requests_prefix_routed_total")
-    hits_before = dp_server.gauge("hotpath_prefix_cache_hits_total")
+    hits_before = dp_server.gauge("vllm:prefix_cache_hits_total")
     for last in (101, 102, 103):
         client.completions.create(prompt=prefix + [last], **SHORT)
     routed = [a - b for a, b in zip(per_replica(dp_server, "dp_requests_routed_total"), routed_before)]
@@ -104,7 +104,7 @@ def test_a_repeated_prefix_goes_to_the_replica_that_has_it(dp_server, client):
     assert sorted(routed) == [0, 3], routed
     assert by_prefix[routed.index(3)] == 2 and sum(by_prefix) == 2, by_prefix
     # and its cache held them: the second and third prompts found all five blocks
-    assert dp_server.gauge("hotpath_prefix_cache_hits_total") - hits_before >= 2 * len(prefix)
+    assert dp_server.gauge("vllm:prefix_cache_hits_total") - hits_before >= 2 * len(prefix)
 
 
 def test_n_sequences_of_a_request_stay_on_one_replica(dp_server, client):
@@ -115,17 +115,17 @@ def test_n_sequences_of_a_request_stay_on_one_replica(dp_server, client):
 
 
 def test_a_closed_stream_is_aborted_on_its_replica(dp_server):
-    before = dp_server.gauge("hotpath_request_aborted_total")
-    generated_before = dp_server.gauge("hotpath_generation_tokens_total")
+    before = dp_server.gauge("hotpath:request_aborted_total")
+    generated_before = dp_server.gauge("vllm:generation_tokens_total")
     with httpx.stream("POST", dp_server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()  # kept: dropping it ends the stream and the server aborts
         next(line for line in lines if line.startswith("data:"))
         assert sum(per_replica(dp_server, "dp_requests_in_flight")) == 1
     wait_until(lambda: sum(per_replica(dp_server, "dp_requests_in_flight")) == 0, what="the abort")
-    wait_until(lambda: dp_server.gauge("hotpath_request_aborted_total") == before + 1, what="the engine's count")
-    assert dp_server.gauge("hotpath_num_requests_running") == 0
-    assert dp_server.gauge("hotpath_generation_tokens_total") - generated_before < 500
+    wait_until(lambda: dp_server.gauge("hotpath:request_aborted_total") == before + 1, what="the engine's count")
+    assert dp_server.gauge("vllm:num_requests_running") == 0
+    assert dp_server.gauge("vllm:generation_tokens_total") - generated_before < 500
 
 
 def test_a_killed_replica_fails_health_and_requests_and_shutdown_reaps_every_process(dp_server):

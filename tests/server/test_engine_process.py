@@ -52,7 +52,7 @@ def test_killed_engine_process_fails_requests_with_503(tiny_chat_model, tmp_path
         t.start()
     assert first.wait(60)
     deadline = time.monotonic() + 30
-    while server.gauge("hotpath_num_requests_running") < 2:  # both in flight
+    while server.gauge("vllm:num_requests_running") < 2:  # both in flight
         assert time.monotonic() < deadline
         time.sleep(0.05)
     os.kill(server.engine_pid(), signal.SIGKILL)

@@ -200,11 +200,11 @@ def test_health_and_metrics_need_no_key(server):
     assert httpx.get(server.url + "/health").status_code == 200
     resp = httpx.get(server.url + "/metrics")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
-    for name in ("hotpath_num_requests_running", "hotpath_num_requests_waiting", "hotpath_kv_cache_usage_ratio",
-                 "hotpath_prefix_cache_hit_rate", "hotpath_generation_tokens_total",
-                 "hotpath_time_to_first_token_seconds_bucket", "hotpath_time_per_output_token_seconds_count",
-                 "hotpath_e2e_request_latency_seconds_sum", "hotpath_request_success_total",
-                 "hotpath_http_requests_total"):
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_hits_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_count",
+                 "vllm:e2e_request_latency_seconds_sum", "vllm:request_success_total",
+                 "hotpath:http_requests_total"):
         assert f"\n{name}" in resp.text, name
 
 

@@ -36,11 +36,11 @@ def test_speculative_serve_matches_offline(spec_server, tiny_chat_model):
                                        stream=True, extra_body={"ignore_eos": True})
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == want
     metrics = {k.split("{")[0]: v for k, v in spec_server.metrics().items()}
-    drafted = metrics["hotpath_spec_decode_num_draft_tokens_total"]
-    accepted = metrics["hotpath_spec_decode_num_accepted_tokens_total"]
+    drafted = metrics["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens_total"]
     assert drafted > 0 and 0 < accepted <= drafted
     per_pos = [v for k, v in spec_server.metrics().items()
-               if k.startswith("hotpath_spec_decode_num_accepted_tokens_per_pos_total")]
+               if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")]
     assert len(per_pos) == SPEC["num_speculative_tokens"] and sum(per_pos) == accepted
 
 

@@ -194,7 +194,7 @@ def test_data_parallel_replicas_take_images(servers, default_client, offline):
     whose text before its image repeats an earlier prompt's is routed after it."""
     def routed(name: str) -> list[float]:
         metrics = servers[1].metrics()
-        return [metrics[f'hotpath_{name}{{model_name="tiny-vl",replica="{i}"}}'] for i in range(2)]
+        return [metrics[f'hotpath:{name}{{model_name="tiny-vl",replica="{i}"}}'] for i in range(2)]
 
     image = image_part(data_url(png_bytes(60, 80, 5)))
     long_text_first = [{"role": "system", "content": "You describe pictures in a few words. " * 4},
