@@ -482,9 +482,10 @@ def _finish_reason(o: CompletionOutput) -> str | None:
 
 
 def _chat_finish_reason(o: CompletionOutput, parser: ChatOutputParser) -> str | None:
-    """OpenAI's "tool_calls" where the model stopped after calling tools."""
+    """OpenAI's "tool_calls" where the model stopped after calling tools ("stop" still for a
+    named function)."""
     reason = _finish_reason(o)
-    return "tool_calls" if reason == "stop" and parser.tools_called else reason
+    return parser.tools.finish_reason if reason == "stop" and parser.tools_called else reason
 
 
 def _usage(finals: list[RequestOutput]) -> dict:

@@ -91,10 +91,11 @@ def test_bad_request(server, name, path, body, status, param, code, words):
     assert_still_serving(server)
 
 
-@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {**CHAT, "parallel_tool_calls": True}),
+                                        ("/v1/completions", COMPLETION)])
 def test_harmless_fields_pass(server, path, body):
     harmless = {"user": "u-1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
-                "parallel_tool_calls": True, "prompt_cache_key": "k", "safety_identifier": "s"}
+                "prompt_cache_key": "k", "safety_identifier": "s"}
     resp = httpx.post(server.url + path, json={**body, **harmless}, headers=HEADERS, timeout=60)
     assert resp.status_code == 200, resp.text
 

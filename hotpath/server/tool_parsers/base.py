@@ -43,6 +43,8 @@ def new_call_id() -> str:
 class ToolParser(ABC):
     """`tools`: each function's name -> its parameters' JSON schema (what typed formats read)."""
 
+    finish_reason = "tool_calls"  # a reply that called tools and stopped ends with this
+
     def __init__(self, tools: dict[str, dict]) -> None:
         self.tools = tools
         self.num_calls = 0

@@ -89,6 +89,8 @@ class RequiredToolParser(ToolParser):
 class NamedFunctionParser(ToolParser):
     """The whole output is the named function's arguments."""
 
+    finish_reason = "stop"  # OpenAI's (and vLLM's) for a named function
+
     def __init__(self, tools: dict[str, dict], name: str) -> None:
         super().__init__(tools)
         self.name = name
