@@ -10,7 +10,6 @@ import threading
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from hotpath.sampling_params import StructuredOutputsParams
@@ -78,7 +77,10 @@ class GrammarBackend:
     def fill(self, matchers: list[llguidance.LLMatcher], bitmask: torch.Tensor) -> None:
         """Row i of `bitmask` ([rows, words] int32, host memory, rows >= len(matchers)) gets the
         tokens matchers[i] allows next: bit t % 32 of word t // 32 set where token t is allowed."""
+        # (as llguidance.torch's fill_next_token_bitmask_par, whose module compiles a torch
+        # function at import: that import would bring in triton and inductor)
+        assert bitmask.dtype == torch.int32 and bitmask.is_contiguous() and not bitmask.is_cuda
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        llguidance.torch.fill_next_token_bitmask_par(
-            self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask)
+        self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
+                                               bitmask.shape[1] * 4, bitmask.shape[0])
