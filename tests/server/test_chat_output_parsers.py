@@ -61,6 +61,18 @@ CASES = {
     "hermes: not a call stays content": (
         False, "", "hermes", "a < b <tool_call>not json</tool_call> <tool", None,
         "a < b <tool_call>not json</tool_call> <tool", []),
+    "hermes: a call without its tags (Qwen2.5-Coder-0.5B's)": (
+        False, "", "hermes", '{"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}', None, None,
+        [call("get_weather", city="Paris", metric=True)]),
+    "hermes: calls without tags, then text": (
+        False, "", "hermes",
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_weather", "arguments": {}}\n'
+        '{"temperature": 18}', None, '{"temperature": 18}', [call("get_weather", city="Paris"), call("get_weather")]),
+    "hermes: JSON that is not a call stays content": (
+        False, "", "hermes", '{"name": "Bob", "age": 3} and {"answer": "' + "x" * 80 + '"}', None,
+        '{"name": "Bob", "age": 3} and {"answer": "' + "x" * 80 + '"}', []),
+    "hermes: a bare call of a function not among the tools stays content": (
+        False, "", "hermes", '{"name": "rm_rf", "arguments": {}}', None, '{"name": "rm_rf", "arguments": {}}', []),
     "hermes: no calls": (False, "", "hermes", "Plain text, 2 < 3.\n", None, "Plain text, 2 < 3.\n", []),
     "reasoning, then a hermes call": (
         True, PREFILLED, "hermes",

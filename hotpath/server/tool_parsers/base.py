@@ -69,7 +69,8 @@ class TaggedToolParser(ToolParser):
     """Content with tool calls between tags. Text outside the calls is content, less the whitespace
     beside a call (held back while it may precede one); a start tag split across pieces is held back
     until it is whole, so no part of a call reaches the content. A call that cannot be read (no
-    name) is given back as content, tags and all."""
+    name) is given back as content, tags and all. A format may also read a call written without its
+    tags where a call may begin (`_bare_call`)."""
 
     start_tags: tuple[str, ...]
 
@@ -79,6 +80,7 @@ class TaggedToolParser(ToolParser):
         self._in_call = False
         self._pending_space = ""  # content's trailing whitespace, dropped if a call follows
         self._after_call = False  # drop the whitespace that follows a call
+        self._at_start = True  # no content passed on yet
 
     @abstractmethod
     def _start_call(self, tag: str) -> None:
@@ -92,6 +94,12 @@ class TaggedToolParser(ToolParser):
     @abstractmethod
     def _finish_call(self, out: ParsedDelta) -> None:
         """The output ended inside a call."""
+
+    def _bare_call(self, text: str) -> bool | None:
+        """Whether `text` (no leading whitespace), at the start of the content or right after a
+        call, is a call written without its tags (then _start_call("") and _parse_call read it),
+        or None while that cannot be told yet. Tagged calls only, unless a format says otherwise."""
+        return False
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -119,6 +127,16 @@ class TaggedToolParser(ToolParser):
                 text = rest
             self._buffer += text
             text = ""
+            opening = self._buffer.lstrip()
+            if self._at_start or self._after_call:
+                bare = self._bare_call(opening) if opening else None
+                if bare is None and not final:
+                    return
+                if bare:
+                    text, self._buffer = opening, ""
+                    self._in_call = True
+                    self._start_call("")
+                    continue
             i, tag = find_first(self._buffer, self.start_tags)
             if tag is None:
                 keep = 0 if final else partial_tag_len(self._buffer, self.start_tags)
@@ -145,5 +163,6 @@ class TaggedToolParser(ToolParser):
         if not body:
             self._pending_space += text
             return
+        self._at_start = False
         out.content += self._pending_space + body
         self._pending_space = text[len(body):]

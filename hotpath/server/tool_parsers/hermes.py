@@ -4,6 +4,11 @@
 Once `{"name": ..., "arguments": ` has arrived, the call's id and name go out and the arguments
 follow as they stream, up to where their JSON value closes. A body that does not start that way
 is read whole at `</tool_call>`; one that is not a call at all goes back to the content.
+
+Small models leave the tags out (Qwen2.5-Coder-0.5B-Instruct answers with the bare object): a reply
+whose content starts with `{"name": TOOL, "arguments": ` (TOOL one of the request's tools), or
+that goes on that way right after a call, is read as a call that ends where its object closes. A
+reply that starts with another `{` is held back only until its first characters say so.
 """
 
 from __future__ import annotations
@@ -18,18 +23,32 @@ from hotpath.server.tool_parsers.json_scan import JsonValueScanner
 START, END = "<tool_call>", "</tool_call>"
 # the key is "arguments" in the template's instructions; some fine-tunes write "parameters"
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+_BARE_HEADER_SLACK = 48  # `{"name": "", "arguments": ` and whitespace, beside the name
 
 
 class HermesToolParser(TaggedToolParser):
     start_tags = (START,)
 
+    def _bare_call(self, text: str) -> bool | None:
+        if not text.startswith("{"):
+            return False
+        header = _HEADER.match(text)
+        if header is not None:
+            return json.loads(f'"{header.group(1)}"') in self.tools
+        # a header of the longest tool name would have been read by now
+        return None if len(text) < _BARE_HEADER_SLACK + max(map(len, self.tools), default=0) else False
+
     def _start_call(self, tag: str) -> None:
+        # a call without its tags ends where its object closes
+        self._object = JsonValueScanner() if tag == "" else None
         self._body = ""  # before the header is read: the call's text so far
         self._scanner: JsonValueScanner | None = None  # set once the arguments stream
         self._held = ""  # a possible beginning of END
         self._args_done = False
 
     def _parse_call(self, text: str, out: ParsedDelta) -> str | None:
+        if self._object is not None:
+            return self._parse_bare_call(text, out)
         if self._scanner is None:
             self._body += text
             header = _HEADER.match(self._body)
@@ -52,6 +71,17 @@ class HermesToolParser(TaggedToolParser):
             return None
         self._stream_arguments(text[:end], out)
         return text[end + len(END):]
+
+    def _parse_bare_call(self, text: str, out: ParsedDelta) -> str | None:
+        end = self._object.feed(text)
+        call_text = text if end is None else text[:end]
+        if self._scanner is None:  # the first text: it holds the header (_bare_call read it)
+            header = _HEADER.match(call_text)
+            self._begin_call(out, json.loads(f'"{header.group(1)}"'))
+            self._scanner = JsonValueScanner()
+            call_text = call_text[header.end():]
+        self._stream_arguments(call_text, out)
+        return None if end is None else text[end:]
 
     def _stream_arguments(self, text: str, out: ParsedDelta) -> None:
         if self._args_done:
