@@ -22,6 +22,7 @@ from hotpath.server.tool_parsers.forced_choice import (
     function_schema,
     required_schema,
 )
+from hotpath.structured.backend import grammar_text
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,8 @@ class RequestTools:
                                param="tool_choice")
             return None
         schemas = {t.function.name: t.function.parameters for t in req.tools}
-        tools = cls("auto" if req.tool_choice is None else "function"
-                    if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice,
-                    schemas, [t.model_dump(exclude_none=True) for t in req.tools], req.parallel_tool_calls)
+        choice = "function" if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice or "auto"
+        tools = cls(choice, schemas, [t.model_dump(exclude_none=True) for t in req.tools], req.parallel_tool_calls)
         if tools.choice == "auto" and not options.enable_auto_tool_choice:
             raise APIError(400, 'tool_choice "auto" (the default when tools are given) needs the server '
                                 "started with --enable-auto-tool-choice and --tool-call-parser (hermes for "
@@ -77,15 +77,20 @@ class RequestTools:
         return tools
 
     def constraint(self) -> StructuredOutputsParams | None:
-        """The JSON schema the output must follow: for "required" and a named function only."""
-        if self.choice == "function":
-            return StructuredOutputsParams(json=function_schema(self.schemas[self.function]))
-        if self.choice == "required":
-            try:
-                return StructuredOutputsParams(json=required_schema(self.schemas, self.parallel))
-            except ValueError as e:
-                raise APIError(400, str(e), param="tools") from e
-        return None
+        """The JSON schema the output must follow: for "required" and a named function only;
+        APIError 400, naming the tools, where their schemas cannot be one."""
+        if self.choice not in ("required", "function"):
+            return None
+        try:
+            if self.choice == "function":
+                params = StructuredOutputsParams(json=function_schema(self.schemas[self.function]))
+            else:
+                params = StructuredOutputsParams(json=required_schema(self.schemas, self.parallel))
+            grammar_text(params)
+        except ValueError as e:
+            raise APIError(400, f'tool_choice "{self.choice}" holds the output to the tools\' parameters '
+                                f"schemas, and these cannot be used: {e}", param="tools") from e
+        return params
 
     def parser(self, tool_call_parser: str | None) -> ToolParser | None:
         schemas = {name: schema or {} for name, schema in self.schemas.items()}

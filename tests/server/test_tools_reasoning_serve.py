@@ -151,6 +151,9 @@ def test_required_and_named_calls_follow_the_schema(agent, tool_choice, parallel
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{city: Paris}"}}]}]},
      ["messages.1.tool_calls.0.function.arguments", "not valid JSON"]),
     ({"chat_template_kwargs": {"tokenize": False}}, ["tokenize"]),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "nonsense"}}}}}]},
+     ["tool_choice \"required\"", "parameters schemas", "nonsense"]),
 ])
 def test_bad_tool_requests_are_400(agent, body, words):
     body = {"messages": QUESTION, "tools": [TOOL], **body}
