@@ -85,9 +85,8 @@ class ChatOutputParser:
         deltas = [self.feed(text), self.finish()]
         reasoning = "".join(d.reasoning for d in deltas)
         content = "".join(d.content for d in deltas)
-        message: dict = {"role": "assistant", "content": content}
-        if self.reasoning is not None:
-            message["reasoning_content"] = reasoning or None
+        # reasoning_content always, as vLLM has it, so that clients may read it from any reply
+        message: dict = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
         if self.reasoning is not None or self.tools_called:
             message["content"] = content or None  # OpenAI's null beside tool calls
         calls: dict[int, dict] = {}

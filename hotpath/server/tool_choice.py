@@ -103,10 +103,10 @@ class RequestTools:
         return None
 
 
-def output_parser(options: ParserOptions, tools: RequestTools | None, prompt_tail: str) -> ChatOutputParser:
-    """A choice's parser. A constrained output (required / a named function) is JSON from its
-    first token: no reasoning block to split off."""
-    constrained = tools is not None and tools.choice in ("required", "function")
+def output_parser(options: ParserOptions, tools: RequestTools | None, prompt_tail: str,
+                  constrained: bool) -> ChatOutputParser:
+    """A choice's parser. A `constrained` output (structured_outputs, response_format, a required
+    or named tool call) follows its grammar from the first token: no reasoning block to split off."""
     reasoning = None
     if options.reasoning_parser is not None and not constrained:
         reasoning = REASONING_PARSERS[options.reasoning_parser](prompt_tail)

@@ -142,6 +142,15 @@ def test_required_and_named_calls_follow_the_schema(agent, tool_choice, parallel
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [("set_unit", call.function.arguments)]
 
 
+def test_a_constrained_reply_is_not_reasoning(agent):
+    """The grammar holds from the first token: the reply is the content, though the template
+    pre-filled <think>."""
+    kwargs = {"extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}
+    message = ask(agent, **kwargs).choices[0].message
+    assert message.content in ("yes", "no") and message.reasoning_content is None
+    assert stream(agent, **kwargs)[:3] == ("", message.content, {})
+
+
 @pytest.mark.parametrize("body, words", [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, ["'nope'", "get_weather"]),
     ({"tool_choice": "sometimes"}, ["tool_choice must be"]),
