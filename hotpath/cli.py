@@ -177,7 +177,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         EngineArgs.from_cli_args(ns), host=ns.host, port=ns.port, api_key=ns.api_key,
         served_model_name=ns.served_model_name, max_body_bytes=ns.max_request_bytes,
         shutdown_timeout=ns.shutdown_timeout, uvicorn_log_level=ns.uvicorn_log_level,
-        engine_process=ns.engine_process, parser_options=parser_options,
+        access_log=not ns.disable_uvicorn_access_log, engine_process=ns.engine_process,
+        parser_options=parser_options,
     )
 
 
@@ -331,7 +332,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "the server, for comparisons)")
     g.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
-                   help="uvicorn's own log level (default warning)")
+                   help="level of uvicorn's own messages (startup, errors; default warning); the "
+                        "access log is written whatever the level: --disable-uvicorn-access-log "
+                        "turns it off")
+    g.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="log no line per HTTP request (by default each is logged to stdout as vLLM "
+                        "logs them, e.g. INFO:     127.0.0.1:51234 - \"POST /v1/chat/completions "
+                        "HTTP/1.1\" 200 OK, once the response starts)")
     c = p.add_argument_group("chat output")
     c.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
                    help="split the reply's <think>...</think> block off as reasoning_content "

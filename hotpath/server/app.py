@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 
+from hotpath import __version__
 from hotpath.args import EngineArgs
 from hotpath.engine.front import EngineDeadError, EngineFront
 from hotpath.multimodal.inputs import ProcessedPrompt
@@ -38,13 +39,14 @@ from hotpath.server.tool_choice import ParserOptions
 logger = logging.getLogger("hotpath")
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
-# Routes that need the API key when one is set; /health and /metrics stay open for probes/scrapers.
+# Routes that need the API key when one is set; /health, /version and /metrics stay open for
+# probes, scrapers and version checks, as vLLM leaves them.
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 # The web chat page (GET /): plain files, no build step; a client of the routes below like any other.
 _STATIC_DIR = Path(__file__).parent / "static"
 # nothing from another origin, so the page works offline and model output cannot pull anything in
 _PAGE_CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
-_ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+_ROUTES = ("/health", "/version", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
            "/tokenize", "/detokenize")
 
 
@@ -203,6 +205,10 @@ def build_app(
         if not front.is_running:
             raise APIError(503, str(front.error or "the engine is not running"), type="server_error")
         return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:  # vLLM's route and shape
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

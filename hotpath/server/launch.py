@@ -8,7 +8,10 @@ graceful shutdown built in. Nothing here is on the per-token hot path except JSO
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import os
 import signal
 import sys
 
@@ -22,11 +25,19 @@ from hotpath.server.tool_choice import ParserOptions
 
 
 class _Server(uvicorn.Server):
-    """uvicorn.Server whose signal handling ends in a clean exit (status 0).
+    """uvicorn.Server that says what it does on SIGINT/SIGTERM and whose signal handling ends in a
+    clean exit (status 0).
 
-    uvicorn re-raises a captured SIGINT/SIGTERM after its graceful shutdown, which would end the
-    process with KeyboardInterrupt or the signal's status; a deployed server asked to stop should
-    report success instead. A second SIGINT still forces the exit without waiting."""
+    The first signal starts uvicorn's graceful shutdown: no new connections, the requests in flight
+    drain for up to --shutdown-timeout seconds, then are cut off. A second signal (SIGINT or SIGTERM;
+    uvicorn itself honours only a second SIGINT, by skipping the app's shutdown) stops at once: the
+    connections are closed, so that the requests in flight end as if their clients had gone (their
+    engine requests aborted), and the shutdown goes on as after a drain. uvicorn re-raises a
+    captured signal after its shutdown, which would end the process with KeyboardInterrupt or the
+    signal's status; a deployed server asked to stop should report success instead."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _stopping_now = False
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -36,6 +47,46 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        in_flight = len(self.server_state.tasks)  # one task per HTTP request being served
+        if not self.should_exit:
+            self.should_exit = True
+            if in_flight:
+                timeout = self.config.timeout_graceful_shutdown
+                _say(f"hotpath serve: draining {_requests(in_flight)} in flight (up to {timeout:g} s; "
+                     "Ctrl-C again to stop now)")
+            else:
+                _say("hotpath serve: shutting down")
+        elif not self._stopping_now:
+            self._stopping_now = True
+            _say(f"hotpath serve: stopping now{f', cutting off {_requests(in_flight)}' if in_flight else ''}")
+            if self._loop is not None:
+                # from a signal handler only call_soon_threadsafe is safe: it wakes the loop
+                self._loop.call_soon_threadsafe(self._disconnect_all)
+
+    def _disconnect_all(self) -> None:
+        """Closes every connection: each request in flight ends as if its client had gone (its
+        engine request aborted, no error logged), and the shutdown goes on as after a drain."""
+        for connection in list(self.server_state.connections):
+            connection.transport.close()
+
+
+def _requests(n: int) -> str:
+    return f"{n} request{'' if n == 1 else 's'}"
+
+
+def _say(line: str) -> None:
+    """A line on stderr from a signal handler: os.write, as print() could re-enter a write to
+    sys.stderr that the signal interrupted (RuntimeError: reentrant call)."""
+    try:
+        os.write(sys.stderr.fileno(), (line + "\n").encode())
+    except (OSError, ValueError):  # no stderr to write to (closed, or not a file)
+        pass
 
 
 def run_server(
@@ -47,6 +98,7 @@ def run_server(
     max_body_bytes: int | None = None,
     shutdown_timeout: float = 30.0,
     uvicorn_log_level: str = "warning",
+    access_log: bool = True,
     engine_process: bool = True,
     parser_options: ParserOptions | None = None,
 ) -> int:
@@ -93,9 +145,14 @@ def run_server(
         print(f"hotpath serve: listening on http://{shown_host}:{port}/v1 (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=uvicorn_log_level, access_log=False,
+            app, host=host, port=port, log_level=uvicorn_log_level, access_log=access_log,
             timeout_graceful_shutdown=shutdown_timeout, lifespan="on",
         )
+        if access_log:
+            # uvicorn sets its access logger to the log level of its own messages, and writes
+            # access lines at INFO: --uvicorn-log-level's default, warning, would hide them all
+            access = logging.getLogger("uvicorn.access")
+            access.setLevel(min(access.getEffectiveLevel(), logging.INFO))
         server = _Server(config)
         server.run()
     finally:

@@ -15,9 +15,11 @@ from server_utils import API_KEY, start_server  # noqa: E402
 
 @pytest.fixture(scope="session")
 def server(tiny_chat_model, tmp_path_factory):
-    """One server for the API tests: tiny model, API key required, a small body limit."""
+    """One server for the API tests: tiny model, API key required, a small body limit, no access
+    log (a line per request would crowd out the log's tail that a failure shows)."""
     srv = start_server(tiny_chat_model, tmp_path_factory.mktemp("server"), "--api-key", API_KEY,
-                       "--served-model-name", "tiny", "--max-request-bytes", "65536")
+                       "--served-model-name", "tiny", "--max-request-bytes", "65536",
+                       "--disable-uvicorn-access-log")
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
