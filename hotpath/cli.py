@@ -8,18 +8,21 @@ their own modules, which import torch: they are built only for a command line th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
+from hotpath import __version__
 from hotpath.args import EngineArgs
 from hotpath.server.reasoning import REASONING_PARSERS
 from hotpath.server.tool_parsers import TOOL_PARSERS
 
 if TYPE_CHECKING:
     from hotpath.llm import LLM
-    from hotpath.outputs import CompletionOutput
     from hotpath.sampling_params import SamplingParams
 
 _request_ids = itertools.count()
@@ -80,39 +83,84 @@ def _build_llm(ns: argparse.Namespace) -> LLM:
     return LLM(**vars(EngineArgs.from_cli_args(ns)))
 
 
-def _stream(llm: LLM, prompt_token_ids: list[int], params: SamplingParams) -> CompletionOutput:
-    """Runs one request, printing its text as it is generated; returns the finished output. A
-    reply cut off by max_tokens or the context limit gets a notice on stderr: it would otherwise
-    look complete."""
+class _StopOnInterrupt:
+    """Ctrl-C (SIGINT) during a chat reply: the first one asks the reply to stop (`hit`, checked
+    between engine steps, so no step is cut in half and the engine stays consistent); a second one
+    before it has stopped interrupts as usual (KeyboardInterrupt: `main` exits with status 130)."""
+
+    def __enter__(self) -> _StopOnInterrupt:
+        self.hit = False
+        self._previous = None
+        # signals reach only the main thread; an ignored SIGINT (a background job) stays ignored
+        if threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGINT)):
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.hit = True
+        signal.signal(signal.SIGINT, self._previous)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _stream(llm: LLM, prompt_token_ids: list[int], params: SamplingParams,
+            stoppable: bool = False) -> tuple[str, bool]:
+    """Runs one request, printing its text as it is generated; returns the text and whether Ctrl-C
+    stopped it (only where `stoppable`: the request is aborted and the text printed so far
+    returned; otherwise Ctrl-C raises KeyboardInterrupt as usual). A reply cut off by max_tokens
+    or the context limit gets a notice on stderr: it would otherwise look complete."""
     engine = llm.engine
     request_id = f"cli-{next(_request_ids)}"
     engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
-    printed = 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            done = out.outputs[0]
-            sys.stdout.write(done.text[printed:])
-            sys.stdout.flush()
-            printed = len(done.text)
+    text, done, stopped = "", None, False
+    with _StopOnInterrupt() if stoppable else contextlib.nullcontext() as interrupt:
+        while engine.has_unfinished_requests():
+            if interrupt is not None and interrupt.hit:
+                engine.abort_request(request_id)
+                stopped = True
+                break
+            for out in engine.step():
+                done = out.outputs[0]
+                sys.stdout.write(done.text[len(text):])
+                sys.stdout.flush()
+                text = done.text
     sys.stdout.write("\n")
     sys.stdout.flush()  # the reply before the notice, when both go to one terminal
-    if done.finish_reason == "length" and len(done.token_ids) < params.max_tokens:
+    if stopped:
+        print("[stopped]", file=sys.stderr)
+    elif done.finish_reason == "length" and len(done.token_ids) < params.max_tokens:
         print(f"[stopped at the context limit, max_model_len={engine.config.max_model_len}; "
               "raise --max-model-len for more]", file=sys.stderr)
     elif done.finish_reason == "length":
         print(f"[stopped at max_tokens={params.max_tokens}; raise --max-tokens for more]",
               file=sys.stderr)
-    return done
+    return text, stopped
+
+
+def _read_prompt(prompt: str) -> str:
+    """The prompt argument, or for "-" standard input, less its trailing newlines (the prompt
+    `hotpath generate "$(cat)"` would get)."""
+    if prompt != "-":
+        return prompt
+    if sys.stdin.isatty():
+        print("hotpath generate: reading the prompt from stdin (end it with Ctrl-D)", file=sys.stderr)
+    text = sys.stdin.read().rstrip("\n")
+    if not text:
+        raise ValueError("the prompt is \"-\" (read it from stdin), but stdin was empty")
+    return text
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
+    prompt = _read_prompt(ns.prompt)  # before the model loads: an empty stdin fails at once
     llm = _build_llm(ns)
     params = _sampling_params(ns)
     tok = llm.get_tokenizer()
     if not ns.raw and tok.chat_template:
-        ids = llm.apply_chat_template([{"role": "user", "content": ns.prompt}])
+        ids = llm.apply_chat_template([{"role": "user", "content": prompt}])
     else:
-        ids = tok.encode(ns.prompt)
+        ids = tok.encode(prompt)
     _stream(llm, ids, params)
     return 0
 
@@ -126,8 +174,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     messages: list[dict] = []
     if ns.system:
         messages.append({"role": "system", "content": ns.system})
-    print("hotpath chat: type a message, /reset to start over, /exit or Ctrl-D to quit.",
-          file=sys.stderr)
+    print("hotpath chat: type a message, /reset to start over, /exit or Ctrl-D to quit; "
+          "Ctrl-C stops a reply.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
@@ -144,8 +192,9 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             print("[conversation reset]", file=sys.stderr)
             continue
         messages.append({"role": "user", "content": line})
-        reply = _stream(llm, llm.apply_chat_template(messages), params)
-        messages.append({"role": "assistant", "content": reply.text})
+        # a reply stopped by Ctrl-C stays in the conversation as far as it was shown
+        reply, _ = _stream(llm, llm.apply_chat_template(messages), params, stoppable=True)
+        messages.append({"role": "assistant", "content": reply})
 
 
 def cmd_fetch(ns: argparse.Namespace) -> int:
@@ -247,13 +296,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from hotpath.assets import DEFAULT_MODEL, KNOWN_MODELS
 
     parser = _Parser(prog="hotpath", description="Serve and run Qwen and Llama models fast.")
+    parser.add_argument("--version", action="version", version=f"hotpath {__version__}",
+                        help="print hotpath's version and exit")
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = _add_command(sub, "generate", "generate a reply to one prompt, streaming it",
                      "Generate a reply to one prompt, streaming it to stdout. A reply cut off by "
                      "--max-tokens or by the context limit ends with a notice on stderr.")
-    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("prompt", help="the prompt text; - reads it from stdin (e.g. `hotpath generate - "
+                                  "< question.txt`), less its trailing newlines")
     p.add_argument("--raw", action="store_true",
                    help="send the prompt as is, without the model's chat template")
     EngineArgs.add_cli_args(p)
@@ -262,8 +314,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     p = _add_command(sub, "chat", "interactive multi-turn chat in the terminal",
                      "Interactive multi-turn chat in the terminal: type a message and press Enter, "
-                     "the reply streams. /reset starts a new conversation (keeping --system); "
-                     f"{' or '.join(_QUIT_COMMANDS)} or Ctrl-D (end of input) quits.")
+                     "the reply streams. Ctrl-C during a reply stops it (what was shown of it stays "
+                     "in the conversation); /reset starts a new conversation (keeping --system); "
+                     f"{' or '.join(_QUIT_COMMANDS)}, Ctrl-D (end of input) or Ctrl-C at the prompt "
+                     "quits.")
     p.add_argument("--system", default=None, help="system prompt")
     EngineArgs.add_cli_args(p)
     _add_sampling_args(p)
@@ -419,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"hotpath: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the user knows where; no traceback
+        print("\nhotpath: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """The `hotpath` command as a user runs it: a subprocess, real arguments, real stdin."""
 
 import argparse
+import codecs
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
-from hotpath import LLM, SamplingParams
+from hotpath import LLM, SamplingParams, __version__
 
 
 def hotpath(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -126,7 +130,7 @@ def test_every_flag_has_help_with_its_default():
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
                     yield from walk(sub, path + [name])
-            elif action.dest != "help":
+            elif action.dest not in ("help", "version"):
                 yield parser, path, action
 
     checked = 0
@@ -138,3 +142,94 @@ def test_every_flag_has_help_with_its_default():
         checked += 1
     assert checked > 60
     assert hotpath("bench", "latency", "--help").returncode == 0
+
+
+def test_version():
+    r = hotpath("--version")
+    assert r.returncode == 0 and r.stdout == f"hotpath {__version__}\n", r.stdout + r.stderr
+    assert __version__ == "0.1.0"
+
+
+def test_generate_dash_reads_the_prompt_from_stdin(tiny_chat_model, offline):
+    """`hotpath generate -` answers stdin's text (less its trailing newlines, as "$(cat)" gives)."""
+    r = hotpath("generate", "-", "--model", str(tiny_chat_model), "--device", "cpu",
+                "--max-model-len", "256", "--max-tokens", "12", stdin="Hello, world!\n")
+    assert r.returncode == 0, r.stderr
+    want = offline.chat([{"role": "user", "content": "Hello, world!"}],
+                        SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    assert r.stdout == want[0].outputs[0].text + "\n"
+    assert "stdin" in hotpath("generate", "--help").stdout
+
+
+def test_generate_dash_with_empty_stdin_is_a_clear_error():
+    r = hotpath("generate", "-", "--model", "/no/such/model", stdin="\n")
+    assert r.returncode == 2 and "stdin was empty" in r.stderr and "Traceback" not in r.stderr
+
+
+class _Output:
+    """A pipe read on a thread as it fills, so a test can wait for text to appear."""
+
+    def __init__(self, pipe) -> None:
+        self.text = ""
+        self._pipe = pipe
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")()  # a character may span two reads
+        while chunk := os.read(self._pipe.fileno(), 4096):
+            self.text += decoder.decode(chunk)
+
+    def wait_for(self, check, what: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check(self.text):
+            assert time.monotonic() < deadline, f"no {what} in {timeout} s: {self.text!r}"
+            time.sleep(0.01)
+
+
+def test_ctrl_c_stops_a_chat_reply_and_keeps_the_conversation(tiny_chat_model, offline):
+    """Ctrl-C during a reply aborts that request, says [stopped] and keeps what was shown of the
+    reply in the conversation (the next turn's reply is the one to that history); Ctrl-C at the
+    prompt then quits with status 0. No traceback either time."""
+    # the tiny model's replies run to the context limit: ~90 steps of the first in which to stop it,
+    # and a second reply of the few tokens left (max_tokens is far off)
+    first_q, second_q, max_model_len = "Tell me a story.", "How are you today?", 112
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hotpath.cli", "chat", "--model", str(tiny_chat_model), "--device", "cpu",
+         "--max-model-len", str(max_model_len), "--max-tokens", "200"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Ctrl-C's usual disposition, whatever the test runner's own is
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        out, err = _Output(proc.stdout), _Output(proc.stderr)
+        out.wait_for(lambda t: t == "> ", "prompt")
+        proc.stdin.write(f"{first_q}\n".encode())
+        proc.stdin.flush()
+        out.wait_for(lambda t: len(t) > len("> ") + 3, "reply")
+        proc.send_signal(signal.SIGINT)  # mid-reply
+        out.wait_for(lambda t: t.endswith("\n> "), "prompt after the first reply")
+        err.wait_for(lambda t: "[stopped" in t, "notice after the first reply")
+        assert "[stopped]\n" in err.text, err.text  # not "[stopped at the context limit...]": cut
+        partial = out.text[len("> "):-len("\n> ")]
+        proc.stdin.write(f"{second_q}\n".encode())
+        proc.stdin.flush()
+        out.wait_for(lambda t: t.count("\n> ") == 2, "prompt after the second reply")
+        proc.send_signal(signal.SIGINT)  # at the prompt: quits
+        assert proc.wait(60) == 0, err.text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err.text and err.text.count("[stopped]") == 1, err.text
+
+    # what was shown is the start of the model's reply: each of its tokens gave at least a byte
+    p = SamplingParams(temperature=0, max_tokens=len(partial.encode()) + 1)
+    longer = offline.chat([{"role": "user", "content": first_q}], p, use_tqdm=False)[0].outputs[0].text
+    assert partial and longer.startswith(partial) and len(partial) < len(longer), (partial, longer)
+    history = [{"role": "user", "content": first_q}, {"role": "assistant", "content": partial},
+               {"role": "user", "content": second_q}]
+    room = max_model_len - len(offline.apply_chat_template(history))  # what the context left
+    second = offline.chat(history, SamplingParams(temperature=0, max_tokens=room),
+                          use_tqdm=False)[0].outputs[0].text
+    assert out.text == f"> {partial}\n> {second}\n> "
