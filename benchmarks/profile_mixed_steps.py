@@ -38,12 +38,12 @@ kinds: list[str] = []
 launch = runner.launch
 
 
-def tagged_launch(scheduled, prev=None):
+def tagged_launch(scheduled, *args, **kwargs):
     decodes = sum(1 for s, n in scheduled if n == 1 and s.num_computed_tokens + 1 == s.num_tokens)
     kind = ("graph" if runner._graph_size(scheduled) else "eager") if decodes == len(scheduled) else (
         "mixed" if decodes else "prefill")
     kinds.append(f"{kind}:{len(scheduled)}:{sum(n for _, n in scheduled) - decodes}")
-    return launch(scheduled, prev)
+    return launch(scheduled, *args, **kwargs)
 
 
 runner.launch = tagged_launch

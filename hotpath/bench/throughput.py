@@ -62,7 +62,7 @@ class StepKinds:
         runner = llm.engine.executor.runner
         launch = runner.launch
 
-        def counting_launch(scheduled, prev=None):
+        def counting_launch(scheduled, *args, **kwargs):
             decodes = sum(1 for seq, n in scheduled if n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens)
             if decodes == len(scheduled):
                 kind = "decode_graph" if runner._graph_size(scheduled) else "decode_eager"
@@ -70,7 +70,7 @@ class StepKinds:
                 kind = "mixed" if decodes else "prefill"
             self.counts[kind] += 1
             self.counts[f"{kind}_rows"] += len(scheduled)
-            return launch(scheduled, prev)
+            return launch(scheduled, *args, **kwargs)
 
         runner.launch = counting_launch
 
