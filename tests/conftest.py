@@ -28,3 +28,30 @@ def tiny_chat_model(tmp_path_factory) -> Path:
     from tiny_chat_model import make_tiny_chat_model
 
     return make_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_models():
+    """name -> transformers' own model of a real GGUF (`hotpath.assets` name; fp32, eval), the
+    reference of tests/loader/test_gguf.py and tests/models/test_real_gguf.py. Loaded once a
+    session: transformers parses and dequantizes the GGUF in Python (about a minute for the 0.5B
+    model on a 2-core machine). `pop(name)` hands a model back (its last user)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hotpath.assets import fetch_model
+
+    cache = {}
+
+    class Models:
+        def get(self, name: str):
+            if name not in cache:
+                gguf = fetch_model(name)
+                cache[name] = AutoModelForCausalLM.from_pretrained(
+                    str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+            return cache[name]
+
+        def pop(self, name: str) -> None:
+            cache.pop(name, None)
+
+    return Models()

@@ -272,9 +272,9 @@ def convert_cache(tmp_path_factory) -> Path:
 
 @pytest.mark.real_models
 @pytest.mark.parametrize("name,tied", [("smollm2-135m", True), ("qwen2.5-coder-0.5b", False)])
-def test_real_model_matches_transformers(name, tied, convert_cache):
+def test_real_model_matches_transformers(name, tied, convert_cache, hf_gguf_models):
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from hotpath.assets import KNOWN_MODELS, fetch_model
 
@@ -292,7 +292,10 @@ def test_real_model_matches_transformers(name, tied, convert_cache):
     assert time.perf_counter() - start < 1.0  # cached, hash included: no second conversion
 
     src, file = gguf_path.parent, gguf_path.name
-    ref_config = AutoConfig.from_pretrained(src, gguf_file=file)
+    # transformers' model of the GGUF (AutoModelForCausalLM.from_pretrained(src, gguf_file=file)),
+    # shared with test_real_gguf; its config is AutoConfig.from_pretrained(src, gguf_file=file)'s
+    ref_model = hf_gguf_models.get(name)
+    ref_config = ref_model.config
     config = AutoConfig.from_pretrained(out)
     assert config.tie_word_embeddings is tied
     for key in ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -300,7 +303,7 @@ def test_real_model_matches_transformers(name, tied, convert_cache):
                 "rope_parameters", "max_position_embeddings", "eos_token_id", "bos_token_id"):
         assert getattr(config, key) == getattr(ref_config, key), key
 
-    ref = AutoModelForCausalLM.from_pretrained(src, gguf_file=file, dtype=torch.float32).state_dict()
+    ref = ref_model.state_dict()
     expected_keys = set(ref) - ({"lm_head.weight"} if tied else set())
     for dtype in (torch.bfloat16, torch.float32):  # the GPU's and the CPU's default
         weights = weights_dir(out, dtype)

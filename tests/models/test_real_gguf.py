@@ -19,27 +19,17 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b", "smollm2-135m"])
-def models(request):
-    from transformers import AutoModelForCausalLM
-
-    from hotpath.assets import fetch_model
-
-    gguf = fetch_model(request.param)
+def models(request, hf_gguf_models):
     llm = LLM(request.param, device="cpu", dtype="float32", max_model_len=512)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
-    return llm, hf
-
-
-@torch.no_grad()
-def hf_greedy(hf, prompt: list[int], num_tokens: int) -> list[int]:
-    """HF generate(), greedy, EOS ignored: the generation config's EOS is cleared, since
-    min_new_tokens would instead mask EOS out, which is not what ignore_eos means."""
-    hf.generation_config.eos_token_id = None
-    out = hf.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    yield llm, hf_gguf_models.get(request.param)  # transformers loading the same GGUF
+    hf_gguf_models.pop(request.param)  # the last test to use it
 
 
 def test_greedy_matches_hf_generate(models):
+    """HF's greedy output, as generate() would give it: HF's argmax after the prompt and each
+    prefix of our tokens (one causal forward over prompt + ours gives every step's logits), equal
+    to our token at every step up to the first difference, where HF's own top two logits must be
+    a near tie (past it the sequences may part)."""
     llm, hf = models
     tok = llm.get_tokenizer()
     chat = [llm.apply_chat_template([{"role": "user", "content": PROMPTS[0]}])]
@@ -48,13 +38,15 @@ def test_greedy_matches_hf_generate(models):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         got = out.outputs[0].token_ids
-        ref = hf_greedy(hf, prompt, NUM_TOKENS)
+        assert len(got) == NUM_TOKENS
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + got])).logits[0].float()
+        steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(got)]  # the logits each token was chosen from
+        ref = steps.argmax(-1).tolist()
         if got != ref:
             # allowed only where HF's own top two logits are a near tie at the first difference
             step = next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b)
-            top2 = torch.topk(logits[len(prompt) + step - 1], 2).values
+            top2 = torch.topk(steps[step], 2).values
             assert float(top2[0] - top2[1]) < TIE, f"diverged at step {step}: {got} vs HF {ref}"
         logprobs = torch.log_softmax(logits, -1)
         for step, (token, entry) in enumerate(zip(got, out.outputs[0].logprobs)):
