@@ -9,6 +9,7 @@ is defined); hotpath imports its kernel modules lazily, so setting it here is ea
 """
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,6 +60,14 @@ def poisoned(monkeypatch):
 
 
 _cross_compile = []  # test_cross_compile's module, when the session runs its cases
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """test_cross_compile's tests run last in the session: its children (started when collection
+    ends, below) then compile beside every other test rather than only those before tests/ops,
+    and what is left of their work is waited for once, at the end."""
+    items.sort(key=lambda item: item.path.name == "test_cross_compile.py"
+               and item.path.parent == Path(__file__).parent)  # a stable sort: the order kept otherwise
 
 
 def pytest_collection_finish(session):

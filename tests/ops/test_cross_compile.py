@@ -21,7 +21,8 @@ specialisation for the target (hotpath.ops.triton_utils.compile_launch).
 A case stands for every launch that compiles to its binary: launches are told apart by Triton's
 compile key, not by their arguments' values (see record). The time is the ~205 distinct compiles
 a target, about 4 CPU minutes each target, which is why the three children start as soon as the
-session has collected its tests and compile beside the tests that run before this file's.
+session has collected its tests and compile beside the rest of the session: this file's tests run
+last (tests/ops/conftest.py), so only what the children have left is waited for.
 """
 
 from __future__ import annotations
@@ -643,7 +644,8 @@ def start_compiling(items: list[pytest.Item]) -> None:
     """Starts a child per target compiling the cases among `items` (all of them, unless -k or node
     ids pick some), each with an empty Triton cache (every kernel really compiled, nothing left in
     ~/.triton) and at low priority. Called when collection ends (tests/ops/conftest.py), so that
-    their ~10 CPU minutes run beside the tests before this file's, not ahead of its first case."""
+    their ~10 CPU minutes run beside every other test of the session (this file's run last), not
+    ahead of its first case."""
     if _workdir:
         return
     selected: dict[str, list[str]] = {t: [] for t in TARGETS}
