@@ -59,7 +59,7 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: fill(empty_like(*a, **kw)))
 
 
-_cross_compile = []  # test_cross_compile's module, when the session runs its cases
+_compiling = []  # the modules whose compile children this session started (test_cross_compile, test_moe)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -71,16 +71,18 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    """test_cross_compile's children start compiling as soon as its cases are known."""
+    """The compile children of test_cross_compile and test_moe start as soon as their cases are
+    known."""
     if session.config.option.collectonly:
         return
     for item in session.items:
-        if item.path.name == "test_cross_compile.py" and hasattr(item.module, "start_compiling"):
-            _cross_compile.append(item.module)
-            item.module.start_compiling(session.items)
-            return
+        module = getattr(item, "module", None)
+        if (item.path.name in ("test_cross_compile.py", "test_moe.py") and hasattr(module, "start_compiling")
+                and module not in _compiling):
+            _compiling.append(module)
+            module.start_compiling(session.items)
 
 
 def pytest_sessionfinish(session):
-    for module in _cross_compile:
+    for module in _compiling:
         module.stop_compiling()
