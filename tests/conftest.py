@@ -8,16 +8,18 @@ sys.path.insert(0, str(Path(__file__).parent))  # tiny_models.py, tiny_chat_mode
 
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
-    """name -> (checkpoint dir, HF model); each tiny checkpoint is written once per session."""
+    """name -> (checkpoint dir, HF model); each tiny checkpoint is written once per session.
+    `vocab_size` (default make_tiny_model's 512) gives the checkpoint of that vocabulary."""
     from tiny_models import make_tiny_model
 
     cache = {}
 
-    def get(name: str):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(name)
-            cache[name] = (out, make_tiny_model(name, out))
-        return cache[name]
+    def get(name: str, vocab_size: int | None = None):
+        if (name, vocab_size) not in cache:
+            out = tmp_path_factory.mktemp(name if vocab_size is None else f"{name}-vocab{vocab_size}")
+            kwargs = {} if vocab_size is None else {"vocab_size": vocab_size}
+            cache[name, vocab_size] = (out, make_tiny_model(name, out, **kwargs))
+        return cache[name, vocab_size]
 
     return get
 
