@@ -45,7 +45,7 @@ def _payload(req: BenchRequest, model: str, ignore_eos: bool) -> tuple[str, dict
     return "/v1/completions", {**body, "prompt": req.prompt}
 
 
-async def _send(client, base_url: str, headers: dict, req: BenchRequest, model: str,
+async def _send(session, url: str, headers: dict, req: BenchRequest, model: str,
                 ignore_eos: bool) -> RequestResult:
     path, body = _payload(req, model, ignore_eos)
     start = time.perf_counter()
@@ -53,15 +53,15 @@ async def _send(client, base_url: str, headers: dict, req: BenchRequest, model: 
     result = RequestResult(ok=False)
     ttft = None
     try:
-        async with client.stream("POST", base_url + path, json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                result.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:300]}"
+        async with session.post(url + path, json=body, headers=headers) as resp:
+            if resp.status != 200:
+                result.error = f"HTTP {resp.status}: {(await resp.read()).decode(errors='replace')[:300]}"
                 return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in resp.content:  # one SSE line at a time
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
@@ -91,20 +91,22 @@ async def _send(client, base_url: str, headers: dict, req: BenchRequest, model: 
 async def _run(base_url: str, requests: list[BenchRequest], model: str, max_concurrency: int,
                request_rate: float, api_key: str | None, ignore_eos: bool, seed: int,
                progress: bool) -> tuple[list[RequestResult], float]:
-    import httpx
+    import aiohttp
     from tqdm import tqdm
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     rng = random.Random(seed)
     semaphore = asyncio.Semaphore(max_concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=max_concurrency)
+    # no total timeout (a long run's requests wait their turn); events up to 8 MB (logprobs chunks)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None, connect=30),
+                                     read_bufsize=1 << 22) as session:
         bar = tqdm(total=len(requests), desc=f"concurrency {max_concurrency}", unit="req",
                    disable=not progress, file=sys.stderr)
 
         async def limited(req: BenchRequest) -> RequestResult:
             async with semaphore:
-                result = await _send(client, base_url, headers, req, model, ignore_eos)
+                result = await _send(session, base_url, headers, req, model, ignore_eos)
             bar.update(1)
             return result
 
@@ -118,6 +120,16 @@ async def _run(base_url: str, requests: list[BenchRequest], model: str, max_conc
         duration = time.perf_counter() - start
         bar.close()
     return results, duration
+
+
+def _asyncio_run(coro):
+    """asyncio.run on uvloop where it is installed: the client parses as many events as the server
+    sends, and must not be what limits a benchmark."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -174,12 +186,12 @@ def run_benchmark(base_url: str, requests: list[BenchRequest], model: str, max_c
         raise ValueError(f"request_rate must be > 0 (inf: all at once), got {request_rate}")
     base_url = base_url.rstrip("/")
     if num_warmup:
-        warm, _ = asyncio.run(_run(base_url, requests[:num_warmup], model, num_warmup, math.inf,
+        warm, _ = _asyncio_run(_run(base_url, requests[:num_warmup], model, num_warmup, math.inf,
                                    api_key, ignore_eos, seed, progress=False))
         failed = [r.error for r in warm if not r.ok]
         if failed:
             raise RuntimeError(f"warm-up request failed: {failed[0]}")
-    results, duration = asyncio.run(_run(base_url, requests, model, max_concurrency, request_rate,
+    results, duration = _asyncio_run(_run(base_url, requests, model, max_concurrency, request_rate,
                                          api_key, ignore_eos, seed, progress))
     return summarize(results, duration, max_concurrency, request_rate)
 

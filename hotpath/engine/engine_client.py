@@ -45,6 +45,8 @@ from hotpath.engine.output_deltas import OutputAssembler, RequestDelta
 from hotpath.sampling_params import SamplingParams
 
 logger = logging.getLogger("hotpath")
+# a bound on the messages read in one wake-up, so that a flood of them cannot starve the writers
+_MAX_MESSAGES_A_WAKE = 64
 
 
 class EngineStartupError(RuntimeError):
@@ -195,15 +197,21 @@ class EngineClient(EngineFront):
 
     # ---- messages from the engine process -----------------------------------------------------
     def _on_readable(self) -> None:
-        """Handles one message; the loop calls again while more wait, and runs the streams'
-        writers in between (a server slower than the engine fills the pipe, and the engine's
-        send waits, rather than the loop starving its writers)."""
-        try:
-            message = self._conn.recv()
-        except (EOFError, OSError) as e:
-            self._died(f"the pipe from it failed: {type(e).__name__}: {e}" if str(e) else "its pipe closed")
-            return
-        self._handle(message)
+        """Handles the messages waiting, then returns to the loop, which runs the streams' writers.
+
+        Reading all that waits (not one message a wake-up) is what lets a server behind its engine
+        catch up: each stream is then read once for several steps' tokens, one chunk to its client
+        instead of one a step, so the cost a token falls as the load rises. The engine's send waits
+        only while the socket buffer is full, so it never runs far ahead of what is read."""
+        for _ in range(_MAX_MESSAGES_A_WAKE):
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError) as e:
+                self._died(f"the pipe from it failed: {type(e).__name__}: {e}" if str(e) else "its pipe closed")
+                return
+            self._handle(message)
+            if self.error is not None or self._stopping or not self._conn.poll():
+                return
 
     def _on_exit(self) -> None:
         while self.error is None and self._conn.poll():  # what it sent before exiting comes first
@@ -237,6 +245,7 @@ class EngineClient(EngineFront):
             if out.finished:
                 del self._streams[out.request_id]
                 if self.on_finished is not None:
+                    out = out.output()
                     self.on_finished(out)
             stream._put(out)
 

@@ -22,6 +22,7 @@ from hotpath.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from hotpath.engine.engine import Engine
+    from hotpath.engine.output_deltas import AssembledRequest
     from hotpath.multimodal.inputs import ProcessedPrompt
 
 
@@ -126,19 +127,20 @@ class RequestStream:
 
     Outputs are cumulative (the whole text so far), so the stream keeps only the newest one: a
     client that reads slower than the engine produces sees fewer, larger deltas, and nothing queues
-    up without bound. Closing the stream before the last output aborts the request."""
+    up without bound. The front may put an AssembledRequest (engine_client.py's), whose output is
+    built when it is read. Closing the stream before the last output aborts the request."""
 
     def __init__(self, request_id: str, front: EngineFront) -> None:
         self.request_id = request_id
         self._front = front
-        self._latest: RequestOutput | None = None
+        self._latest: RequestOutput | AssembledRequest | None = None
         self._error: BaseException | None = None
         self._ready = asyncio.Event()
         self.finished = False
         self.closed = False
 
     # the front's side
-    def _put(self, out: RequestOutput) -> None:
+    def _put(self, out: RequestOutput | AssembledRequest) -> None:
         self._latest = out
         self._ready.set()
 
@@ -159,6 +161,8 @@ class RequestStream:
             self.closed = True
             raise self._error
         out = self._latest
+        if not isinstance(out, RequestOutput):
+            out = out.output()
         if out.finished:
             self.finished = True
         return out

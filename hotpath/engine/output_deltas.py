@@ -68,44 +68,69 @@ class DeltaEncoder:
 
 
 class _Seq:
-    __slots__ = ("text", "token_ids", "logprobs")
+    __slots__ = ("text", "token_ids", "logprobs", "cumulative_logprob", "finish_reason", "stop_reason")
 
     def __init__(self, with_logprobs: bool) -> None:
         self.text = ""
         self.token_ids: list[int] = []
         self.logprobs: list[dict[int, Logprob]] | None = [] if with_logprobs else None
+        self.cumulative_logprob: float | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+
+class AssembledRequest:
+    """One request's outputs so far, appended to as its deltas arrive; `output()` builds the
+    cumulative RequestOutput only when a consumer reads it, so a stream read once for several steps'
+    deltas (a server behind its engine) builds it once."""
+
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "seqs", "finished", "num_cached_tokens", "metrics")
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], seqs: list[_Seq]) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.seqs = seqs
+        self.finished = False
+        self.num_cached_tokens = 0
+        self.metrics: dict[str, float] = {}
+
+    def output(self) -> RequestOutput:
+        # copies: a consumer may still hold an earlier output while later tokens arrive
+        outputs = [CompletionOutput(i, s.text, list(s.token_ids), s.cumulative_logprob,
+                                    None if s.logprobs is None else list(s.logprobs), s.finish_reason,
+                                    s.stop_reason)
+                   for i, s in enumerate(self.seqs)]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, self.finished,
+                             self.num_cached_tokens, self.metrics)
 
 
 class OutputAssembler:
-    """Server side: rebuilds each request's cumulative RequestOutput from its deltas."""
+    """Server side: appends each request's deltas to its AssembledRequest."""
 
     def __init__(self) -> None:
-        self._requests: dict[str, tuple[str | None, list[int], list[_Seq]]] = {}
+        self._requests: dict[str, AssembledRequest] = {}
 
-    def apply(self, delta: RequestDelta) -> RequestOutput:
+    def apply(self, delta: RequestDelta) -> AssembledRequest:
         request_id, first_prompt, seq_deltas, finished, num_cached_tokens, metrics = delta
         state = self._requests.get(request_id)
         if state is None:
             prompt, prompt_token_ids = first_prompt
-            state = (prompt, prompt_token_ids, [_Seq(d[3] is not None) for d in seq_deltas])
+            state = AssembledRequest(request_id, prompt, prompt_token_ids,
+                                     [_Seq(d[3] is not None) for d in seq_deltas])
             self._requests[request_id] = state
-        prompt, prompt_token_ids, seqs = state
-        outputs = []
+        # every delta carries each of the request's choices (the engine's outputs do)
         for index, text, token_ids, logprobs, cumulative_logprob, finish_reason, stop_reason in seq_deltas:
-            seq = seqs[index]
+            seq = state.seqs[index]
             seq.text += text
-            seq.token_ids.extend(token_ids)
+            seq.token_ids += token_ids
             if seq.logprobs is not None:
-                seq.logprobs.extend(logprobs)
-            # copies: a consumer may still hold an earlier output while later tokens arrive
-            outputs.append(CompletionOutput(
-                index, seq.text, list(seq.token_ids), cumulative_logprob,
-                None if seq.logprobs is None else list(seq.logprobs), finish_reason, stop_reason,
-            ))
+                seq.logprobs += logprobs
+            seq.cumulative_logprob, seq.finish_reason, seq.stop_reason = cumulative_logprob, finish_reason, stop_reason
+        state.finished, state.num_cached_tokens, state.metrics = finished, num_cached_tokens, metrics
         if finished:
             del self._requests[request_id]
-        return RequestOutput(request_id, prompt, prompt_token_ids, outputs, finished, num_cached_tokens,
-                             metrics)
+        return state
 
     def forget(self, request_id: str) -> None:
         """For an aborted request: its later deltas, if any were in flight, are dropped unread."""

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from hotpath.engine.front import EngineDeadError, EngineFront, RequestStream
 from hotpath.engine.mm_inputs import MultiModalInputs
@@ -181,6 +181,7 @@ class OpenAIServing:
     async def _completion_chunks(self, request_id: str, streams: list[RequestStream],
                                  params: SamplingParams, include_usage: bool) -> AsyncIterator[str]:
         created = int(time.time())
+        head, tail = _chunk_frame(request_id, "text_completion", created, self.model_name, include_usage)
         sent_text: dict[int, int] = {}  # choice index -> characters sent
         sent_tokens: dict[int, int] = {}
         finished: set[int] = set()  # choices whose finish_reason was sent
@@ -204,13 +205,8 @@ class OpenAIServing:
                     sent_text[index] = len(o.text)
                     if finish:
                         finished.add(index)
-                    chunk = {"id": request_id, "object": "text_completion", "created": created,
-                             "model": self.model_name,
-                             "choices": [{"index": index, "text": delta, "logprobs": logprobs,
-                                          "finish_reason": finish}]}
-                    if include_usage:
-                        chunk["usage"] = None
-                    yield _sse(chunk)
+                    yield head + _JSON.encode([{"index": index, "text": delta, "logprobs": logprobs,
+                                                "finish_reason": finish}]) + tail
                 if out.finished:
                     finals[p] = out
         if include_usage:
@@ -277,13 +273,10 @@ class OpenAIServing:
     async def _chat_chunks(self, request_id: str, stream: RequestStream, params: SamplingParams,
                            parsers: list[ChatOutputParser], include_usage: bool) -> AsyncIterator[str]:
         created = int(time.time())
+        head, tail = _chunk_frame(request_id, "chat.completion.chunk", created, self.model_name, include_usage)
 
         def chunk(choices: list[dict]) -> str:
-            body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                    "model": self.model_name, "choices": choices}
-            if include_usage:
-                body["usage"] = None
-            return _sse(body)
+            return head + _JSON.encode(choices) + tail
 
         # the role comes first, before the engine has produced anything, as OpenAI sends it
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -355,32 +348,54 @@ class OpenAIServing:
         return streams
 
 
-class SSEResponse(StreamingResponse):
+class SSEResponse(Response):
     """Server-sent events that end with [DONE]; closes the event source however the response ends,
-    so a client that disconnects mid-stream has its requests aborted at once."""
+    so a client that disconnects mid-stream has its requests aborted at once.
+
+    Its own ASGI call rather than Starlette's StreamingResponse: each event goes to `send` as it
+    comes, with a task of its own only to hear the client leave (cancelling this one), where
+    StreamingResponse runs an anyio task group and re-encodes every chunk; a stream's events are the
+    server's busiest path (one per token and stream)."""
+
+    media_type = "text/event-stream"
 
     def __init__(self, events: AsyncIterator[str], streams: list[RequestStream]) -> None:
         self._events = events
         self._streams = streams
-        super().__init__(self._body(), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def _body(self) -> AsyncIterator[str]:
-        async with aclosing(self._events):
-            try:
-                async for event in self._events:
-                    yield event
-            except APIError as e:
-                yield _sse(e.body())
-            except EngineDeadError as e:
-                yield _sse(APIError(503, str(e), type="server_error").body())
-        yield "data: [DONE]\n\n"
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def __call__(self, scope, receive, send) -> None:
+        task = asyncio.current_task()
+        disconnected = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async with aclosing(self._events):
+                try:
+                    async for event in self._events:
+                        await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+                except APIError as e:
+                    await send({"type": "http.response.body", "body": _sse(e.body()).encode(), "more_body": True})
+                except EngineDeadError as e:
+                    body = _sse(APIError(503, str(e), type="server_error").body()).encode()
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            task.uncancel()  # the client left: nothing more to send, and the response is done
         finally:
-            await self.body_iterator.aclose()
+            watcher.cancel()
             for stream in self._streams:
                 stream.close()
 
@@ -509,5 +524,15 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else LOGPROB_FLOOR
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # one encoder, not one a chunk
+
+
 def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_JSON.encode(body)}\n\n"
+
+
+def _chunk_frame(request_id: str, kind: str, created: int, model: str, include_usage: bool) -> tuple[str, str]:
+    """A stream's chunk event around its `choices` (the only part that changes): (head, tail)."""
+    head = (f'data: {{"id":{_JSON.encode(request_id)},"object":"{kind}","created":{created},'
+            f'"model":{_JSON.encode(model)},"choices":')
+    return head, (',"usage":null}\n\n' if include_usage else "}\n\n")

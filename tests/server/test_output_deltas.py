@@ -27,7 +27,7 @@ def test_deltas_rebuild_the_cumulative_outputs():
     for i, out in enumerate(steps):
         delta = pickle.loads(pickle.dumps(encoder.encode(out)))  # as it travels
         assert (delta[1] is not None) == (i == 0)  # the prompt goes once
-        assert assembler.apply(delta) == out
+        assert assembler.apply(delta).output() == out
     assert not encoder._sent and not assembler._requests  # finished requests are forgotten
 
 
@@ -37,4 +37,18 @@ def test_an_aborted_request_is_forgotten_on_both_sides():
     encoder.forget("r")
     assembler.forget("r")
     again = output("b", [4], "", [], False)  # a new request that reuses the id starts afresh
-    assert assembler.apply(encoder.encode(again)) == again
+    assert assembler.apply(encoder.encode(again)).output() == again
+
+
+def test_an_output_read_after_several_deltas_is_the_newest_and_earlier_reads_stay_as_they_were():
+    """A server behind its engine reads a stream once for several steps' deltas."""
+    steps = [output("a", [1], "", [], False),
+             output("ab", [1, 2], "x", [5], False),
+             output("abcd", [1, 2, 3], "xy", [5, 6], True)]
+    encoder, assembler = DeltaEncoder(), OutputAssembler()
+    state = assembler.apply(encoder.encode(steps[0]))
+    first = state.output()
+    for out in steps[1:]:
+        assert assembler.apply(encoder.encode(out)) is state
+    assert state.output() == steps[-1]
+    assert first == steps[0]  # its lists are copies, not the ones later deltas extended
