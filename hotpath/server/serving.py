@@ -8,6 +8,7 @@ engine nothing and is answered with an APIError (400 / 404) in OpenAI's error bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -391,7 +392,12 @@ class SSEResponse(Response):
                     await send({"type": "http.response.body", "body": body, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
         except asyncio.CancelledError:
-            if not disconnected:
+            if not disconnected:  # the server cut the request off (a shutdown past its drain timeout)
+                with contextlib.suppress(Exception):
+                    body = _sse(APIError(503, "the server stopped before this response was complete",
+                                         type="server_error").body()).encode()
+                    await send({"type": "http.response.body", "body": body + b"data: [DONE]\n\n",
+                                "more_body": False})
                 raise
             task.uncancel()  # the client left: nothing more to send, and the response is done
         finally:

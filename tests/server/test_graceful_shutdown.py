@@ -16,7 +16,7 @@ REQUEST = {"prompt": "Hello", "max_tokens": 300, "temperature": 0, "ignore_eos":
 def stream_in_thread(url: str):
     """Starts a streaming request; returns (first chunk seen event, result dict, thread)."""
     first = threading.Event()
-    result = {"text": "", "finish": None, "done": False, "error": None}
+    result = {"text": "", "finish": None, "done": False, "error": None, "error_event": None}
 
     def run():
         try:
@@ -25,7 +25,11 @@ def stream_in_thread(url: str):
                     if line == "data: [DONE]":
                         result["done"] = True
                     elif line.startswith("data: "):
-                        choice = json.loads(line[6:])["choices"][0]
+                        chunk = json.loads(line[6:])
+                        if "error" in chunk:  # the server's word that the stream ends early
+                            result["error_event"] = chunk["error"]
+                            continue
+                        choice = chunk["choices"][0]
                         result["text"] += choice["text"]
                         result["finish"] = choice["finish_reason"] or result["finish"]
                         first.set()
@@ -48,7 +52,8 @@ def test_graceful_shutdown_finishes_in_flight_requests(tiny_chat_model, tmp_path
     assert server.stop(sig) == 0
     thread.join(60)
     # the whole stream came through the engine process: it stopped only after the drain
-    assert result["error"] is None and result["done"] and result["finish"] == "length"
+    assert result["error"] is None and result["error_event"] is None
+    assert result["done"] and result["finish"] == "length"
     assert not process_alive(engine_pid)
     with pytest.raises(httpx.ConnectError):  # no longer accepting
         httpx.get(server.url + "/health", timeout=5)
@@ -62,3 +67,6 @@ def test_shutdown_timeout_aborts_in_flight_requests(tiny_chat_model, tmp_path):
     assert server.stop(signal.SIGTERM) == 0
     thread.join(60)
     assert result["finish"] is None  # cut off before the 300 tokens
+    # and told so, in the stream's own terms
+    assert result["error_event"]["type"] == "server_error" and "stopped" in result["error_event"]["message"]
+    assert result["done"] and result["error"] is None
