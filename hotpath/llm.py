@@ -73,23 +73,29 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """Applies the tokenizer's chat template to each conversation, then generates. Content
         parts may carry images and videos (`image_url`, `video_url`, as OpenAI's and vLLM's
-        chat APIs take them) for an image-text model."""
+        chat APIs take them) for an image-text model. `tools`: OpenAI's tool objects
+        ({"type": "function", "function": {"name", "description", "parameters"}}), which the
+        template renders, as vLLM's LLM.chat takes them; the reply is the model's text (a tool call
+        in it is not parsed out: the server's --tool-call-parser does that)."""
+        _check_tools(tools)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conversation in conversations:
             conversation, media = extract_media(conversation)
             prompt: dict = {"prompt_token_ids": self.apply_chat_template(
-                conversation, add_generation_prompt, chat_template_kwargs)}
+                conversation, add_generation_prompt, chat_template_kwargs, tools)}
             if media:
                 prompt["multi_modal_data"] = media
             prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, kwargs: dict | None = None
+        self, messages: list[dict], add_generation_prompt: bool = True, kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None:
@@ -97,7 +103,7 @@ class LLM:
         if not tok.chat_template:
             raise ValueError("this model's tokenizer has no chat template; use generate()")
         ids = tok.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, **(kwargs or {})
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, **(kwargs or {})
         )
         # transformers 5 returns a BatchEncoding here, 4.x a plain list
         return list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
@@ -113,3 +119,17 @@ class LLM:
                         pending.discard(out.request_id)
                         bar.update(1)
         return [finished[r] for r in request_ids]
+
+
+def _check_tools(tools: list[dict] | None) -> None:
+    """OpenAI's tool objects, as a chat template expects them; a ValueError naming what is wrong."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise ValueError(f"tools must be a list of tool objects, got {type(tools).__name__}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., '
+                             f'"parameters": {{...}}}}}}, got {tool!r:.200}')
