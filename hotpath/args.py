@@ -72,6 +72,9 @@ class EngineArgs:
     mm_processor_kwargs: dict | str | None = None
     allowed_local_media_path: str | None = None
     allowed_media_domains: list[str] | None = None
+    # a structured-output constraint starts after the reply's reasoning block ("qwen3": <think>);
+    # `hotpath serve --reasoning-parser` sets it with the server's parser (vLLM's name)
+    reasoning_parser: str | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -398,7 +398,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="split the reply's <think>...</think> block off as reasoning_content "
                         "(message.reasoning_content, or delta.reasoning_content when streamed); "
                         "qwen3: Qwen3 and other <think> models, templates that pre-fill <think> "
-                        "included (default: the reply is left whole in content)")
+                        "included; a constrained reply (response_format, structured_outputs, a "
+                        "required or named tool call) then reasons first and follows its grammar after "
+                        "</think> (default: the reply is left whole in content, constrained from its "
+                        "first token)")
     c.add_argument("--tool-call-parser", default=None, choices=list(TOOL_PARSERS),
                    help="read tool calls out of the model's text: hermes for Qwen2.5 and Qwen3 "
                         "(<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>), qwen3_coder for "

@@ -88,7 +88,8 @@ class Engine:
         self._seq_ids = itertools.count()
         self.eos_token_ids = eos_token_ids(r.model_dir, r.model_config, self.tokenizer)
         self.structured = StructuredOutputs(self.tokenizer, r.model_config.vocab_size, self.eos_token_ids,
-                                            pin_memory=self.device.type == "cuda")
+                                            pin_memory=self.device.type == "cuda",
+                                            reasoning_parser=args.reasoning_parser)
         self.mm_inputs = MultiModalInputs(r.model_config, r.model_dir, self.tokenizer, args)
         logger.info("hotpath engine: %s on %s (%s), KV cache %d tokens", r.model_dir, self.device,
                     str(self.dtype).removeprefix("torch."), capacity)

@@ -251,8 +251,7 @@ class OpenAIServing:
         self.check_length(len(ids), max_tokens, "messages")
         # the prompt's end says whether the reply starts inside a reasoning block
         tail = self.tokenizer.decode(ids[-8:]) if self.parser_options.reasoning_parser else ""
-        constrained = params.structured_outputs is not None
-        parsers = [output_parser(self.parser_options, tools, tail, constrained) for _ in range(params.n)]
+        parsers = [output_parser(self.parser_options, tools, tail) for _ in range(params.n)]
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._add(request_id, [prompt], params)
         if req.stream:

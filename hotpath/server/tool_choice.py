@@ -103,12 +103,13 @@ class RequestTools:
         return None
 
 
-def output_parser(options: ParserOptions, tools: RequestTools | None, prompt_tail: str,
-                  constrained: bool) -> ChatOutputParser:
-    """A choice's parser. A `constrained` output (structured_outputs, response_format, a required
-    or named tool call) follows its grammar from the first token: no reasoning block to split off."""
+def output_parser(options: ParserOptions, tools: RequestTools | None, prompt_tail: str) -> ChatOutputParser:
+    """A choice's parser. A constrained output (structured_outputs, response_format, a required or
+    named tool call) follows its grammar after the reasoning block where a reasoning parser is set:
+    the engine gets the same parser (EngineArgs.reasoning_parser) and holds the grammar back until
+    the block ends."""
     reasoning = None
-    if options.reasoning_parser is not None and not constrained:
+    if options.reasoning_parser is not None:
         reasoning = REASONING_PARSERS[options.reasoning_parser](prompt_tail)
     if tools is None:
         return ChatOutputParser(reasoning, None)

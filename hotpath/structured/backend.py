@@ -74,13 +74,14 @@ class GrammarBackend:
             raise ValueError(f"the grammar cannot be compiled: {matcher.get_error()}")
         return matcher
 
-    def fill(self, matchers: list[llguidance.LLMatcher], bitmask: torch.Tensor) -> None:
-        """Row i of `bitmask` ([rows, words] int32, host memory, rows >= len(matchers)) gets the
-        tokens matchers[i] allows next: bit t % 32 of word t // 32 set where token t is allowed."""
+    def fill(self, rows: list[tuple[llguidance.LLMatcher, int]], bitmask: torch.Tensor) -> None:
+        """For each (matcher, i), row i of `bitmask` ([rows, words] int32, host memory) gets the
+        tokens the matcher allows next: bit t % 32 of word t // 32 set where token t is allowed."""
         # (as llguidance.torch's fill_next_token_bitmask_par, whose module compiles a torch
         # function at import: that import would bring in triton and inductor)
         assert bitmask.dtype == torch.int32 and bitmask.is_contiguous() and not bitmask.is_cuda
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
+        assert all(0 <= i < bitmask.shape[0] for _, i in rows)
+        self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(),
                                                bitmask.shape[1] * 4, bitmask.shape[0])

@@ -136,19 +136,24 @@ def test_required_and_named_calls_follow_the_schema(agent, tool_choice, parallel
     assert call.function.name == "set_unit" and json.loads(call.function.arguments)["unit"] in ("celsius", "fahrenheit")
     # OpenAI's finish reasons: "tool_calls" for required, "stop" for a named function
     finish_reason = "stop" if isinstance(tool_choice, dict) else "tool_calls"
+    # the model reasons first (the template pre-filled <think>), the schema holds after </think>
+    assert choice.message.reasoning_content == "".join(REASONING)
     assert choice.message.content is None and choice.finish_reason == finish_reason
     reasoning, content, calls, finish, _ = stream(agent, **kwargs)
-    assert (reasoning, content, finish) == ("", "", finish_reason)
+    assert (reasoning, content, finish) == ("".join(REASONING), "", finish_reason)
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [("set_unit", call.function.arguments)]
 
 
-def test_a_constrained_reply_is_not_reasoning(agent):
-    """The grammar holds from the first token: the reply is the content, though the template
-    pre-filled <think>."""
+def test_a_constrained_reply_reasons_first_then_follows_its_grammar(agent):
+    """With --reasoning-parser the engine holds the grammar back until the reasoning block ends; a
+    prompt whose block is closed already (thinking off) is constrained from its first token."""
     kwargs = {"extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}
     message = ask(agent, **kwargs).choices[0].message
+    assert message.content in ("yes", "no") and message.reasoning_content == "".join(REASONING)
+    assert stream(agent, **kwargs)[:3] == ("".join(REASONING), message.content, {})
+    off = {"extra_body": {**kwargs["extra_body"], "chat_template_kwargs": {"enable_thinking": False}}}
+    message = ask(agent, **off).choices[0].message
     assert message.content in ("yes", "no") and message.reasoning_content is None
-    assert stream(agent, **kwargs)[:3] == ("", message.content, {})
 
 
 @pytest.mark.parametrize("body, words", [
