@@ -182,3 +182,42 @@ def test_many_requests_at_once_do_not_deadlock_the_pipe(tiny_chat_model):
     finally:
         client.shutdown()
         event_loop.close()
+
+
+def test_the_engine_never_waits_for_the_server_and_merges_what_waits():
+    """Steps queued while a send is held (a server behind its engine) go out as one message, in
+    order; a failed send is raised by the engine loop's next put."""
+    import multiprocessing
+    import threading
+
+    from hotpath.engine.engine_process import STEP, _Outbox
+    from hotpath.engine.front import EngineStats
+
+    class HeldConnection:
+        def __init__(self) -> None:
+            self.sent, self.release, self.sending = [], threading.Event(), threading.Event()
+
+        def send(self, message) -> None:
+            self.sending.set()
+            self.release.wait(10)
+            self.sent.append(message)
+
+    conn = HeldConnection()
+    outbox = _Outbox(conn)
+    outbox.put(["a"], [], [("a", 1)], EngineStats(num_steps=1))
+    assert conn.sending.wait(10)  # the first step's send is held: these three queue behind it
+    for step in (2, 3, 4):
+        outbox.put([], [], [(f"r{step}", step)], EngineStats(num_steps=step))  # returns at once
+    conn.release.set()
+    outbox.close()
+    assert [(m[0], m[1], m[3], m[4].num_steps) for m in conn.sent] == [
+        (STEP, ["a"], [("a", 1)], 1), (STEP, [], [("r2", 2), ("r3", 3), ("r4", 4)], 4)]
+
+    ours, theirs = multiprocessing.Pipe()
+    theirs.close()  # the server is gone
+    outbox = _Outbox(ours)
+    outbox.put([], [], [], EngineStats())
+    outbox._thread.join(10)
+    with pytest.raises(OSError):
+        outbox.put([], [], [], EngineStats())
+    outbox.close()
