@@ -3,13 +3,14 @@
 # the Qwen3 tokenizer and chat template, Qwen3-8B shape, random weights, every default) through
 # `hotpath serve` at unlimited concurrency, against the same requests through LLM.generate
 # (`hotpath bench throughput`).
-#   base/base-client  the tree in .baseline/ (a `git archive` of the commit before) and its own client
-#   base              that server loaded by this tree's client
+#   base              the tree in .baseline/ (a `git archive` of the commit before) loaded by this
+#                     tree's client; as the first step, also by its own client (base-client)
 #   new               this tree's server and client
+#   variant           the tree in .variant/ (another `git archive`, to compare), with this client
 #   offline           LLM.generate on the same requests
+# Steps may repeat (their runs are numbered: base1, new2, ...).
 # Each server's processes and this tree's client are sampled (benchmarks/stack_sampler: stacks under
 # $OUT/prof/NAME, CPU seconds of the API and engine processes in the output).
-#   offline           LLM.generate on the same requests
 # Needs .whl/ and .gpu_assets/ (scripts/gpu_assets.sh). httptools and aiohttp go into a folder only
 # this tree's runs see, so the base server runs with what it ran with.
 # Usage: bash scripts/gpu_serve_speed.sh [NUM_PROMPTS] [OUTPUT_LEN] [STEPS: base new offline]
@@ -47,20 +48,23 @@ serve() {  # serve TREE SITE NAME: the server on :8000, its processes sampled
   engine=$(pgrep -P "$server" -f "spawn_main" | tail -1)
 }
 cpu() { for p in "$@"; do awk '{printf "%.1f ", ($14+$15)/100}' /proc/$p/stat; done; }
+run=0
 for step in $steps; do
+  run=$((run + 1))
   case $step in
   base)
-    serve "$here/.baseline" /tmp/site base
-    bench "$here/.baseline" /tmp/site base-client
+    serve "$here/.baseline" /tmp/site base$run
+    [[ $run == 1 ]] && bench "$here/.baseline" /tmp/site base-client
     before=$(cpu $server $engine)
-    bench "$here" /tmp/site:/tmp/site-new base sample
-    echo "base: API and engine CPU seconds before / after the run: $before/ $(cpu $server $engine)"
+    bench "$here" /tmp/site:/tmp/site-new base$run sample
+    echo "base$run: API and engine CPU seconds before / after the run: $before/ $(cpu $server $engine)"
     kill -TERM $server; wait $server ;;
-  new)
-    serve "$here" /tmp/site:/tmp/site-new new
+  new|variant)
+    tree=$here; [[ $step == variant ]] && tree=$here/.variant  # .variant: another tree to compare
+    serve "$tree" /tmp/site:/tmp/site-new $step$run
     before=$(cpu $server $engine)
-    bench "$here" /tmp/site:/tmp/site-new new sample
-    echo "new: API and engine CPU seconds before / after the run: $before/ $(cpu $server $engine)"
+    bench "$here" /tmp/site:/tmp/site-new $step$run sample
+    echo "$step$run: API and engine CPU seconds before / after the run: $before/ $(cpu $server $engine)"
     kill -TERM $server; wait $server ;;
   offline)
     PYTHONPATH=$here:/tmp/site:/tmp/site-new python3 -m hotpath.cli bench throughput --model "$model" \

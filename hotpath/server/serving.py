@@ -398,7 +398,8 @@ class SSEResponse(Response):
                     await send({"type": "http.response.body", "body": body + b"data: [DONE]\n\n",
                                 "more_body": False})
                 raise
-            task.uncancel()  # the client left: nothing more to send, and the response is done
+            if hasattr(task, "uncancel"):  # Python 3.11+: the cancel was this response's own, not the task's
+                task.uncancel()  # the client left: nothing more to send, and the response is done
         finally:
             watcher.cancel()
             for stream in self._streams:
