@@ -7,7 +7,8 @@ does not depend on how fast the engine is (the CPU engine of a tiny model serves
 GPU one), so it can be measured and tuned without a GPU; wall-clock throughput can not.
 
     python benchmarks/serve_cpu_cost.py --model DIR [--tokenizer T] [--dataset sharegpt]
-        [--num-prompts 200] [--output-len 128] [--profile OUTDIR] [-- extra `hotpath serve` flags]
+        [--num-prompts 200] [--output-len 128] [--profile OUTDIR] [--server-tree DIR]
+        [-- extra `hotpath serve` flags]
 
 --profile records py-spy (raw, collapsed stacks) of the API process and the client into OUTDIR.
 """
@@ -57,6 +58,8 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8019)
     p.add_argument("--profile", help="folder for py-spy's raw stacks of the API process and the client")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--server-tree", help="run the server from this source tree (a `git archive` of "
+                                         "another commit), the client from this one")
     ns = p.parse_args(argv)
 
     from hotpath.bench.datasets import load_requests
@@ -66,7 +69,11 @@ def main() -> None:
            "--disable-uvicorn-access-log", *extra]
     if ns.tokenizer:
         cmd += ["--tokenizer", ns.tokenizer]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = None
+    if ns.server_tree:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(ns.server_tree)}
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              cwd=ns.server_tree, env=env)
     base = f"http://127.0.0.1:{ns.port}"
     try:
         for _ in range(600):
@@ -111,7 +118,7 @@ def main() -> None:
                       - (client_before.ru_utime + client_before.ru_stime)) / tokens * 1e6
     result = {"dataset": ns.dataset, "num_prompts": ns.num_prompts, "output_tokens": tokens,
               "failed": summary["failed"], "wall_s": wall, "cpu_us_per_token": cost,
-              "server_flags": extra}
+              "server_flags": extra, "server_tree": ns.server_tree}
     print(json.dumps(result, indent=1))
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=1))
