@@ -7,10 +7,10 @@ The child runs engine_process.py's loop; this side keeps the HTTP layer's interf
 (front.py), so app.py and serving.py do not know where the engine runs.
 
 The transport is a multiprocessing Pipe (a Unix socket pair) with pickled messages, spawned (CUDA
-cannot be forked into). It is read on the event loop itself (`add_reader`): a STEP message carries
-every output of an engine step (of several, where this side fell behind), so the server wakes once
-for them and needs no thread. Commands (add, abort) are written as they come; a write waits only
-when the socket buffer (about 200 KB) is full, which the engine process's reader thread empties.
+cannot be forked into). It is read on the event loop itself (`add_reader`): one STEP message per
+engine step carries every output of that step, and the server reads all that wait when it wakes, so
+it needs no thread. Commands (add, abort) are written as they come; a write waits only when the
+socket buffer (about 200 KB) is full, which the engine process's reader thread empties.
 
 A dead engine process is seen at once: its end of the pipe reads end-of-file and its sentinel turns
 readable. Every pending and open request then fails with EngineDeadError (HTTP 503 with the exit
@@ -201,8 +201,7 @@ class EngineClient(EngineFront):
 
         Reading all that waits (not one message a wake-up) is what lets a server behind its engine
         catch up: each stream is then read once for several steps' tokens, one chunk to its client
-        instead of one a step, so the cost a token falls as the load rises (the engine process
-        queues its messages and merges those that wait, so it never waits for this loop)."""
+        instead of one a step, so the cost a token falls as the load rises."""
         for _ in range(_MAX_MESSAGES_A_WAKE):
             try:
                 message = self._conn.recv()

@@ -11,16 +11,14 @@ Messages are tuples whose first item names them.
                      (SHUTDOWN,)
   engine -> server:  (READY, ModelInfo) once loaded, or (STARTUP_ERROR, the user's error or None,
                      "Type: message") before exiting;
-                     then (STEP, accepted ids, [(id, exception)] rejected, [RequestDelta], EngineStats)
-                     per loop iteration, several iterations' in one where the server is behind;
-                     (FAILED, message) if a step raised, before exiting.
-A STEP message carries every output of one engine step or more, so the server wakes once for them.
+                     then one (STEP, accepted ids, [(id, exception)] rejected, [RequestDelta], EngineStats)
+                     per loop iteration; (FAILED, message) if a step raised, before exiting.
+A STEP message carries every output of one engine step, so the server wakes once per step.
 Detokenization and stop strings stay in the Engine, here; the server receives text.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import multiprocessing
 import os
@@ -82,17 +80,10 @@ def run_engine_process(conn: Connection, args: EngineArgs, log_level: int) -> No
 
 
 def _serve(engine: Engine, conn: Connection) -> None:
-    """drain commands -> engine.step() -> queue the step's outputs, until SHUTDOWN or end-of-file."""
-    outbox = _Outbox(conn)
-    try:
-        _loop(engine, _read_in_a_thread(conn), outbox)
-    finally:
-        outbox.close()  # what was queued goes out before anything else is sent (FAILED)
-
-
-def _loop(engine: Engine, commands: queue.SimpleQueue, outbox: _Outbox) -> None:
+    """drain commands -> engine.step() -> send the step's outputs, until SHUTDOWN or end-of-file."""
     encoder = DeltaEncoder()
     stats = EngineStats()
+    commands = _read_in_a_thread(conn)
     while True:
         accepted: list[str] = []
         rejected: list[tuple[str, BaseException]] = []
@@ -134,52 +125,7 @@ def _loop(engine: Engine, commands: queue.SimpleQueue, outbox: _Outbox) -> None:
                 stats.generation_tokens += sum(len(seq[2]) for seq in delta[2])
                 deltas.append(delta)
         stats.read_load(engine)
-        outbox.put(accepted, rejected, deltas, dataclasses.replace(stats))
-
-
-class _Outbox:
-    """The loop's STEP messages, pickled and sent by a thread of their own.
-
-    The engine never waits for the server: a server behind it (an event loop busy with a burst of
-    new requests' chat templates) once held the engine in a blocking send until the socket buffer
-    drained, and the GPU idled. Messages that queue up while the server is behind go out as one,
-    so the server catches up in fewer, larger reads (and its streams in fewer chunks)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.error: BaseException | None = None  # the send that failed: the server is gone
-        self._thread = threading.Thread(target=self._run, name="hotpath-outputs", daemon=True)
-        self._thread.start()
-
-    def put(self, accepted: list[str], rejected: list[tuple[str, BaseException]], deltas: list,
-            stats: EngineStats) -> None:
-        if self.error is not None:
-            raise self.error
-        self._queue.put((accepted, rejected, deltas, stats))
-
-    def close(self) -> None:
-        """Sends what is queued, then stops the thread."""
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            items = [self._queue.get()]
-            while items[-1] is not None and not self._queue.empty():
-                items.append(self._queue.get_nowait())
-            last = items[-1] is None
-            items = [item for item in items if item is not None]
-            if items:
-                message = (STEP, [r for item in items for r in item[0]], [r for item in items for r in item[1]],
-                           [d for item in items for d in item[2]], items[-1][3])
-                try:
-                    self._conn.send(message)
-                except OSError as e:  # BrokenPipeError, ConnectionResetError: the loop raises it
-                    self.error = e
-                    return
-            if last:
-                return
+        conn.send((STEP, accepted, rejected, deltas, stats))
 
 
 def _read_in_a_thread(conn: Connection) -> queue.SimpleQueue:
