@@ -1,9 +1,9 @@
 """`hotpath serve`: start the engine (in its own process by default), then run the app under uvicorn
 until SIGINT / SIGTERM.
 
-Why FastAPI + uvicorn: the OpenAI API is a dozen JSON routes plus server-sent events, which
-Starlette's StreamingResponse does directly; uvicorn is the ASGI server vLLM and SGLang deploy, with
-graceful shutdown built in. Nothing here is on the per-token hot path except JSON encoding of chunks.
+Why FastAPI + uvicorn: the OpenAI API is a dozen JSON routes plus server-sent events (an ASGI
+response of a few lines: serving.SSEResponse); uvicorn is the ASGI server vLLM and SGLang deploy,
+with graceful shutdown built in. Nothing here is on the per-token hot path.
 """
 
 from __future__ import annotations
