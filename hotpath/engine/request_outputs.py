@@ -96,6 +96,9 @@ def make_output(req: Request, speculative: bool, finished: bool) -> RequestOutpu
     if speculative:  # drafts verified for the request, and accepted
         metrics["spec_num_draft_tokens"] = sum(s.num_drafted for s in req.seqs)
         metrics["spec_num_accepted_tokens"] = sum(s.num_accepted for s in req.seqs)
+    scheduled = [s.first_scheduled_time for s in req.seqs if s.first_scheduled_time is not None]
+    if scheduled:
+        metrics["first_scheduled_time"] = min(scheduled)
     if req.first_token_time is not None:
         metrics["first_token_time"] = req.first_token_time
     if req.finished_time is not None:

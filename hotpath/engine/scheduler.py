@@ -19,6 +19,7 @@ Each step:
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ class Scheduler:
                 break
             if not seq.output_token_ids:
                 seq.num_cached_prompt_tokens = num_computed
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

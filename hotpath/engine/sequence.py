@@ -39,6 +39,7 @@ class Sequence(SeqState):
     snapshot: int | None = None
     snapshot_boundary: int = 0
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at first scheduling, for metrics
+    first_scheduled_time: float | None = None  # time.monotonic() when first admitted, for metrics
     num_drafted: int = 0  # drafts verified so far, for metrics
     num_accepted: int = 0  # of which accepted
     finish_reason: str | None = None  # "stop" | "length" | "abort"

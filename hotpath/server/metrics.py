@@ -159,6 +159,16 @@ class ServerMetrics:
                                     token_buckets)
         self.generation_len = histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
                                         token_buckets)
+        # a request's phases, as vLLM splits them: waiting, prefill (to the first token), decode
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                      "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.decode_time = histogram("vllm:request_decode_time_seconds",
+                                     "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.inference_time = histogram("vllm:request_inference_time_seconds",
+                                        "Histogram of time spent in RUNNING phase for request.",
+                                        REQUEST_LATENCY_BUCKETS)
         self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                 ["model_name", "finished_reason"], registry=reg)
         for reason in ("stop", "length"):  # present from the start, as vLLM's are
@@ -188,6 +198,16 @@ class ServerMetrics:
                 observe_repeated(self.itl, decode / steps, steps)
         if arrival is not None and done is not None:
             self.e2e.observe(done - arrival)
+        scheduled = m.get("first_scheduled_time")
+        if scheduled is not None:
+            if arrival is not None:
+                self.queue_time.observe(max(scheduled - arrival, 0.0))
+            if first is not None:
+                self.prefill_time.observe(first - scheduled)
+            if done is not None:
+                self.inference_time.observe(done - scheduled)
+        if first is not None and done is not None:
+            self.decode_time.observe(done - first)
         self.prompt_len.observe(len(out.prompt_token_ids))
         self.generation_len.observe(sum(len(o.token_ids) for o in out.outputs))
         for o in out.outputs:  # per sequence: vLLM v1 runs a request's n samples as n requests

@@ -56,7 +56,8 @@ def test_engine_snapshot_and_request_histograms_under_vllm_names():
                         prefix_hit_tokens=32, num_preemptions=3, prompt_tokens=100, generation_tokens=40,
                         num_steps=7, num_aborted=1)
     metrics = ServerMetrics(MODEL, FakeFront(stats))
-    metrics.observe_finished(finished(12, [5]))  # 4 decode steps of 0.5 s each
+    # queued 0.25 s, prefill 0.25 s, 4 decode steps of 0.5 s each
+    metrics.observe_finished(finished(12, [5], first_scheduled_time=10.25))
     metrics.count_http("/v1/completions", 200)
     text = metrics.render().decode()
     s = scrape(text)
@@ -78,6 +79,10 @@ def test_engine_snapshot_and_request_histograms_under_vllm_names():
     assert value(s, "vllm:inter_token_latency_seconds_count") == 4
     assert value(s, "vllm:inter_token_latency_seconds_sum") == 2.0
     assert value(s, "vllm:request_prompt_tokens_sum") == 12 and value(s, "vllm:request_generation_tokens_sum") == 5
+    assert value(s, "vllm:request_queue_time_seconds_sum") == 0.25
+    assert value(s, "vllm:request_prefill_time_seconds_sum") == 0.25
+    assert value(s, "vllm:request_decode_time_seconds_sum") == 2.0
+    assert value(s, "vllm:request_inference_time_seconds_sum") == 2.25
     fams = families(text)
     # vLLM's buckets: TTFT's, and 1-2-5 up to max_model_len for token counts
     ttft_bounds = [float(x.labels["le"]) for x in fams["vllm:time_to_first_token_seconds"].samples
@@ -178,6 +183,10 @@ def test_a_real_server_counts_its_requests(server):
     assert moved("vllm:time_to_first_token_seconds_count") == 4
     assert moved("vllm:time_to_first_token_seconds_sum") > 0
     assert moved("vllm:e2e_request_latency_seconds_count") == 4
+    for phase in ("queue", "prefill", "decode", "inference"):  # the engine stamps when each was admitted
+        assert moved(f"vllm:request_{phase}_time_seconds_count") == 4, phase
+    assert moved("vllm:request_queue_time_seconds_sum") + moved("vllm:request_inference_time_seconds_sum") \
+        <= moved("vllm:e2e_request_latency_seconds_sum") + 1e-6
     assert moved("vllm:request_time_per_output_token_seconds_count") == 4
     assert moved("vllm:inter_token_latency_seconds_count") == 4 * 5  # steps after each first token
     assert moved("vllm:request_success_total", finished_reason="length") == 4
