@@ -13,7 +13,7 @@ Messages are tuples whose first item names them.
                      "Type: message") before exiting;
                      then one (STEP, accepted ids, [(id, exception)] rejected, [RequestDelta], EngineStats)
                      per loop iteration; (FAILED, message) if a step raised, before exiting.
-A STEP message carries every output of one engine step, so the server wakes once per step.
+A STEP message carries every output of one engine step; the server reads all that wait when it wakes.
 Detokenization and stop strings stay in the Engine, here; the server receives text.
 """
 
