@@ -33,13 +33,9 @@ import importlib
 import json
 import os
 import pkgutil
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +44,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 import hotpath.ops  # noqa: E402
+from compile_children import CompileChildren  # noqa: E402
 from hotpath.bench.presets import PRESETS  # noqa: E402
 from hotpath.config import ModelConfig  # noqa: E402
 from hotpath.models.registry import config_from_hf, get_model_class  # noqa: E402
@@ -636,42 +633,25 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("target,label", cases, ids=[f"{t}:{label}" for t, label in cases])
 
 
-_children: dict[str, subprocess.Popen] = {}  # target -> the child compiling its cases
-_workdir: list[Path] = []  # their Triton cache, stdin, stdout and stderr files
+_children = CompileChildren("hotpath-cross-compile-")  # a child a target, compiling its cases
 
 
 def start_compiling(items: list[pytest.Item]) -> None:
     """Starts a child per target compiling the cases among `items` (all of them, unless -k or node
-    ids pick some), each with an empty Triton cache (every kernel really compiled, nothing left in
-    ~/.triton) and at low priority. Called when collection ends (tests/ops/conftest.py), so that
+    ids pick some), at low priority. Called when collection ends (tests/ops/conftest.py), so that
     their ~10 CPU minutes run beside every other test of the session (this file's run last), not
     ahead of its first case."""
-    if _workdir:
+    if _children.started:
         return
     selected: dict[str, list[str]] = {t: [] for t in TARGETS}
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if getattr(item, "module", None) is sys.modules[__name__] and "label" in params:
             selected[params["target"]].append(params["label"])
-    _workdir.append(Path(tempfile.mkdtemp(prefix="hotpath-cross-compile-")))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(_workdir[0] / "triton-cache")
-    for t, labels in selected.items():
-        if labels:
-            files = {kind: _workdir[0] / f"{t}.{kind}" for kind in ("in", "out", "err")}
-            files["in"].write_text(json.dumps(labels))
-            with open(files["in"]) as i, open(files["out"], "w") as o, open(files["err"], "w") as e:
-                _children[t] = subprocess.Popen([sys.executable, __file__, t, "-"], env=env, stdin=i, stdout=o, stderr=e)
+    _children.start({t: ([__file__, t, "-"], json.dumps(labels)) for t, labels in selected.items() if labels})
 
 
-def stop_compiling() -> None:
-    """Ends the children (a session stopped early) and removes their files."""
-    for child in _children.values():
-        child.kill()
-        child.wait()
-    _children.clear()
-    if _workdir:
-        shutil.rmtree(_workdir.pop(), ignore_errors=True)
+stop_compiling = _children.stop
 
 
 @pytest.fixture(scope="module")
@@ -679,12 +659,7 @@ def compiled(request) -> dict[str, dict[str, dict]]:
     """target -> compile_all(target) for the cases this session runs, from the children
     start_compiling started (now, if collection did not)."""
     start_compiling(request.session.items)
-    results = {}
-    for t, child in _children.items():
-        child.wait(timeout=1800)
-        assert child.returncode == 0, (_workdir[0] / f"{t}.err").read_text()[-3000:]
-        results[t] = json.loads((_workdir[0] / f"{t}.out").read_text())
-    return results
+    return _children.results(timeout=1800)
 
 
 def test_compiles(compiled, target, label):

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +18,7 @@ import torch
 from hotpath.ops import moe
 from hotpath.ops.moe import reference, tuning
 from hotpath.ops.quant import reference as quant_reference
+from compile_children import CompileChildren
 from ops_cases import TOL, cuda, rel_err
 
 
@@ -562,36 +559,22 @@ def _compile_all(target_name: str) -> dict[str, str]:
     return results
 
 
-_children: dict[str, subprocess.Popen] = {}  # target -> the child compiling its launches
-_workdir: list[Path] = []  # their Triton cache, stdout and stderr files
+_children = CompileChildren("hotpath-moe-compile-")  # a child a target, compiling its launches
 
 
 def start_compiling(items: list[pytest.Item]) -> None:
     """Starts a child process per target (the kernels compiled, not interpreted) running
-    _compile_all(target), side by side, each with an empty Triton cache and at low priority, if
-    `items` hold test_kernels_compile. Called when collection ends (tests/ops/conftest.py), so
-    that they compile beside the tests before this file's rather than ahead of its first case."""
-    if _workdir or not any(getattr(item, "module", None) is sys.modules[__name__]
-                           and item.originalname == "test_kernels_compile" for item in items):
+    _compile_all(target), side by side, at low priority, if `items` hold test_kernels_compile.
+    Called when collection ends (tests/ops/conftest.py), so that they compile beside the tests
+    before this file's rather than ahead of its first case."""
+    if _children.started or not any(getattr(item, "module", None) is sys.modules[__name__]
+                                    and item.originalname == "test_kernels_compile" for item in items):
         return
-    _workdir.append(Path(tempfile.mkdtemp(prefix="hotpath-moe-compile-")))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(_workdir[0] / "triton-cache")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-    for t in COMPILE_TARGETS:
-        with open(_workdir[0] / f"{t}.out", "w") as o, open(_workdir[0] / f"{t}.err", "w") as e:
-            _children[t] = subprocess.Popen([sys.executable, __file__, t, "--nice"], env=env,
-                                            stdin=subprocess.DEVNULL, stdout=o, stderr=e)
+    _children.start({t: ([__file__, t, "--nice"], None) for t in COMPILE_TARGETS},
+                    pythonpath=os.path.dirname(__file__))
 
 
-def stop_compiling() -> None:
-    """Ends the children (a session stopped early) and removes their files."""
-    for child in _children.values():
-        child.kill()
-        child.wait()
-    _children.clear()
-    if _workdir:
-        shutil.rmtree(_workdir.pop(), ignore_errors=True)
+stop_compiling = _children.stop
 
 
 @pytest.fixture(scope="module")
@@ -600,12 +583,7 @@ def compiled(request) -> dict[str, dict[str, str]]:
     collection did not)."""
     pytest.importorskip("triton")
     start_compiling(request.session.items)
-    results = {}
-    for t, child in _children.items():
-        child.wait(timeout=600)
-        assert child.returncode == 0, (_workdir[0] / f"{t}.err").read_text()[-3000:]
-        results[t] = json.loads((_workdir[0] / f"{t}.out").read_text())
-    return results
+    return _children.results(timeout=600)
 
 
 @pytest.mark.parametrize("target", COMPILE_TARGETS)
