@@ -94,12 +94,14 @@ class EngineArgs:
         g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "dummy"],
                        help="dummy = random weights at the model's real shapes (benchmarks)")
         g.add_argument("--quantization", "-q", default=None,
-                       choices=["fp8", "compressed-tensors", "awq", "gptq"],
+                       choices=["fp8", "compressed-tensors", "awq", "gptq", "gguf"],
                        help="the linear layers' weight format (default: what the checkpoint's "
                             "quantization_config says, else the model dtype). A quantized "
                             "checkpoint's own method may be named; fp8 on a 16-bit checkpoint "
                             "quantizes it while loading (fp8 weights per output channel, "
-                            "activations per token)")
+                            "activations per token); gguf: a GGUF's linear layers kept in their "
+                            "GGUF types (the default for a GGUF on a GPU; on the CPU a GGUF "
+                            "runs from a 16-bit copy unless this is given)")
         g.add_argument("--kv-cache-dtype", default=_Defaults.kv_cache_dtype, choices=list(KV_CACHE_DTYPES),
                        help="the KV cache's dtype: auto = the model dtype; fp8 = e4m3 (e4m3fnuz "
                             "on AMD MI300), half the bytes of bf16 per token, so twice the "

@@ -13,6 +13,7 @@ import torch
 
 from hotpath.args import EXECUTOR_BACKENDS, EngineArgs
 from hotpath.config import EngineConfig, ModelConfig
+from hotpath.layers.quant.base import QuantConfig
 from hotpath.layers.quant.detect import read_quant_config
 from hotpath.models.registry import read_config
 from hotpath.speculative.config import SpeculativeConfig
@@ -48,7 +49,7 @@ def resolve(args: EngineArgs) -> Resolved:
     backend = _check_parallel(args, device)
     model_dir = resolve_model_dir(args.model)
     model_config = read_config(model_dir)
-    model_config.quantization = read_quant_config(model_dir, args.quantization)
+    model_config.quantization = _quant_config(model_dir, args.quantization, device)
     dtype = _resolve_dtype(args.dtype, model_config, device)
     max_positions = model_config.max_position_embeddings
     max_model_len = args.max_model_len or max_positions
@@ -81,6 +82,27 @@ def resolve(args: EngineArgs) -> Resolved:
         draft_cfg.quantization = read_quant_config(draft_dir, None)
         draft = DraftModel(draft_cfg, draft_dir)
     return Resolved(args, device, model_dir, model_config, dtype, config, spec, draft, backend)
+
+
+def _quant_config(model_dir: Path, quantization: str | None, device: torch.device) -> QuantConfig | None:
+    """The checkpoint's format (read_quant_config); a converted GGUF's linear layers kept in their
+    GGUF types on a GPU or with quantization="gguf", else (the CPU) run from its 16-bit copy."""
+    from hotpath.loader.gguf import GGUF_LINK
+
+    link = model_dir / GGUF_LINK
+    if not link.is_symlink():
+        if quantization == "gguf":
+            raise ValueError("quantization='gguf' needs a GGUF model (a .gguf file, or a known "
+                             "model name that is one)")
+        return read_quant_config(model_dir, quantization)
+    if quantization not in (None, "gguf"):
+        raise ValueError(f"quantization={quantization!r} does not apply to a GGUF model (its "
+                         "types are its own): leave it unset or pass 'gguf'")
+    if quantization == "gguf" or device.type == "cuda":
+        from hotpath.layers.quant.gguf import GGUFQuantConfig
+
+        return GGUFQuantConfig.from_file(link.resolve())
+    return None
 
 
 def resolve_model_dir(model: str | None) -> Path:

@@ -31,7 +31,7 @@ import shutil
 import struct
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -328,7 +328,6 @@ def _write_config_and_tokenizer(gguf_path: Path, out: Path) -> None:
 
 
 def _write_weights(gguf: GGUFFile, config: dict, out: Path, dtype: torch.dtype) -> None:
-    from gguf import dequantize
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -354,17 +353,9 @@ def _write_weights(gguf: GGUFFile, config: dict, out: Path, dtype: torch.dtype) 
     data = np.memmap(gguf.path, dtype=np.uint8, mode="r")
     for i, t in enumerate(tqdm(tensors, desc=f"converting {arch} GGUF to {dtype}", unit="tensor")):
         name = hf_tensor_name(t.name)
-        w = np.asarray(dequantize(data[t.offset:t.offset + t.nbytes], t.qtype), dtype=np.float32)
-        w = w.reshape(t.shape)
-        if arch in _PERMUTED_ARCHS and t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            w = unpermute_qk(w, n_head)
-        elif arch in _PERMUTED_ARCHS and t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            w = unpermute_qk(w, n_kv)
-        if not w.flags.writeable or not w.flags.c_contiguous:  # F32 tensors are views of the mmap
-            w = np.array(w, copy=True, order="C")
         # The model's parameters are all created in its dtype (hotpath.loader.model_loader), so this
         # rounds (to nearest even) exactly as copying the float32 tensor into the parameter would.
-        current[name] = torch.from_numpy(w).to(dtype)
+        current[name] = torch.from_numpy(_dequantized(data, t, arch, n_head, n_kv)).to(dtype)
         total += current[name].nbytes
         file = f"model-{shard_of[i] + 1:05d}-of-{n_shards:05d}.safetensors"
         weight_map[name] = file
@@ -373,3 +364,53 @@ def _write_weights(gguf: GGUFFile, config: dict, out: Path, dtype: torch.dtype) 
             current = {}
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _unpermuted(w: np.ndarray, t: GGUFTensor, arch: str, n_head: int, n_kv: int) -> np.ndarray:
+    """A tensor's rows in HF's order (llama.cpp permutes llama's q / k rows; rows of GGUF blocks
+    permute as rows of values do)."""
+    if arch in _PERMUTED_ARCHS and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+        return unpermute_qk(w, n_head)
+    if arch in _PERMUTED_ARCHS and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+        return unpermute_qk(w, n_kv)
+    return w
+
+
+def _dequantized(data: np.ndarray, t: GGUFTensor, arch: str, n_head: int, n_kv: int) -> np.ndarray:
+    """A tensor dequantized to float32 (as transformers' GGUF loading does), HF's shape and row
+    order, a writable C-contiguous array."""
+    from gguf import dequantize
+
+    w = np.asarray(dequantize(data[t.offset:t.offset + t.nbytes], t.qtype), dtype=np.float32)
+    w = _unpermuted(w.reshape(t.shape), t, arch, n_head, n_kv)
+    if not w.flags.writeable or not w.flags.c_contiguous:  # F32 tensors are views of the mmap
+        w = np.array(w, copy=True, order="C")
+    return w
+
+
+def iterate_gguf(model_dir: Path, keeps_quantized: Callable[[str], bool],
+                 desc: str = "Loading GGUF weights") -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every tensor of the GGUF `model_dir` was converted from: the tensors
+    `keeps_quantized` names as their blocks, uint8 [rows, row bytes] (rows in HF's order), the
+    rest dequantized to float32. No 16-bit copy is made or read."""
+    from tqdm.auto import tqdm
+
+    link = model_dir / GGUF_LINK
+    if not link.exists():
+        raise FileNotFoundError(f"{model_dir} is not a converted GGUF, or the GGUF it links to "
+                                f"({os.readlink(link) if link.is_symlink() else 'none'}) is gone")
+    gguf = open_gguf(link.resolve())
+    config = json.loads((model_dir / "config.json").read_text())
+    arch = str(gguf.metadata["general.architecture"])
+    n_head = config["num_attention_heads"]
+    n_kv = config.get("num_key_value_heads") or n_head
+    data = np.memmap(gguf.path, dtype=np.uint8, mode="r")
+    tensors = [t for t in gguf.tensors if hf_tensor_name(t.name) is not None]
+    for t in tqdm(tensors, desc=desc, unit="tensor", leave=False):
+        name = hf_tensor_name(t.name)
+        if keeps_quantized(name):
+            rows = int(np.prod(t.shape[:-1]))
+            raw = data[t.offset:t.offset + t.nbytes].reshape(rows, t.nbytes // rows)
+            yield name, torch.from_numpy(np.array(_unpermuted(raw, t, arch, n_head, n_kv), order="C"))
+        else:
+            yield name, torch.from_numpy(_dequantized(data, t, arch, n_head, n_kv))

@@ -24,9 +24,10 @@ from hotpath.distributed.parallel_state import SINGLE, building_parallel, curren
 from hotpath.layers.linear import Linear, UnquantizedLinearMethod
 from hotpath.layers.moe import FusedExperts
 from hotpath.layers.quant.base import building_with
+from hotpath.layers.quant.gguf import GGUFQuantConfig
 from hotpath.loader.dummy import init_dummy_weights
-from hotpath.loader.gguf import weights_dir
-from hotpath.loader.quantized import finish_loading, keep_unquantized
+from hotpath.loader.gguf import iterate_gguf, weights_dir
+from hotpath.loader.quantized import finish_loading, set_layer_methods
 from hotpath.loader.safetensors import checkpoint_tensor_names, iterate_safetensors
 from hotpath.models.decoder import CausalLM
 from hotpath.models.mtp import MTP_PREFIX, MtpHead, supports_mtp
@@ -66,9 +67,11 @@ def load_model(
     with _building(cfg, device, dtype):
         model = model_cls(cfg, max_positions)
         if cfg.quantization is not None:
-            keep_unquantized(model, cfg.quantization)
+            set_layer_methods(model, cfg.quantization)
     if load_format == "dummy":
         init_dummy_weights(model, seed, unsharded=_unsharded_shapes(cfg, dtype, max_positions))
+    elif isinstance(cfg.quantization, GGUFQuantConfig):
+        model.load_weights(iterate_gguf(model_dir, cfg.quantization.keeps_quantized))
     else:
         model.load_weights(iterate_safetensors(weights_dir(model_dir, dtype)))
     finish_loading(model)
@@ -83,7 +86,7 @@ def _unsharded_shapes(cfg: ModelConfig, dtype: torch.dtype, max_positions: int) 
     with building_parallel(SINGLE), _building(cfg, torch.device("meta"), dtype):
         model = get_model_class(cfg.architecture)(cfg, max_positions)
         if cfg.quantization is not None:
-            keep_unquantized(model, cfg.quantization)
+            set_layer_methods(model, cfg.quantization)
     return model
 
 
@@ -120,14 +123,14 @@ def load_mtp(
     if num_layers < 1:
         raise ValueError(f"{model_dir} has no multi-token-prediction head (mtp.*): its config.json "
                          f"declares {num_layers} MTP layers")
-    # a copy of the format: keep_unquantized renames its ignore list to this module's names
+    # a copy of the format: set_layer_methods renames its ignore list to this module's names
     quant = copy.deepcopy(cfg.quantization)
     mtp_cfg = copy.copy(cfg)
     mtp_cfg.quantization = quant
     with _building(mtp_cfg, device, dtype):
         mtp = MtpHead(mtp_cfg, num_layers, target, max_positions)
         if quant is not None:
-            keep_unquantized(mtp, quant)
+            set_layer_methods(mtp, quant)
             if names:
                 _take_stored_formats(mtp, set(names))
     if load_format == "dummy":

@@ -2,10 +2,11 @@
 quantized layer's checkpoint layout into its kernels' layout once the weights are in.
 
 The model is built inside `building_with(config)` (hotpath/layers/quant/base.py), so each Linear is
-born on the device with its format's parameters; `keep_unquantized` then resets, by module name,
+born on the device with its format's parameters; `set_layer_methods` then resets, by module name,
 the layers the format leaves in the model dtype: MoE routers (and Qwen2-MoE's shared-expert gate),
-and the checkpoint's ignore / modules_to_not_convert lists. The LM head and the embeddings are not
-Linear layers and never quantize; norms have no linear method."""
+and the checkpoint's ignore / modules_to_not_convert lists; and gives each layer its method where
+the format decides per layer (a GGUF's per-tensor types: layers/quant/gguf.py). The LM head and
+the embeddings are not Linear layers and never quantize; norms have no linear method."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from hotpath.layers.moe import FusedExperts, SparseMoeBlock
 from hotpath.layers.quant.base import QuantConfig
 
 
-def keep_unquantized(model: nn.Module, config: QuantConfig) -> None:
-    """Layers the format leaves in the model dtype get the plain method (before any loading)."""
+def set_layer_methods(model: nn.Module, config: QuantConfig) -> None:
+    """Layers the format leaves in the model dtype get the plain method, and layers whose method
+    the format decides by name get theirs (before any loading)."""
     ignore = getattr(config, "ignore", None)
     checkpoint_name = getattr(model, "checkpoint_name", None)
     if ignore is not None and checkpoint_name is not None:
@@ -33,6 +35,8 @@ def keep_unquantized(model: nn.Module, config: QuantConfig) -> None:
             shards = [f"{parent}.{c}" if parent else c for c in module.checkpoint_names or []]
             if name in routers or config.skips(name, shards or [name]):
                 module.set_method(UnquantizedLinearMethod())
+            elif (method := config.method_for(name, shards or [name])) is not None:
+                module.set_method(method)
         elif isinstance(module, FusedExperts) and module.checkpoint_quant is not None:
             if config.skips(name, []):
                 module.checkpoint_quant = None

@@ -41,7 +41,7 @@ def test_quantized_presets_store_their_formats_bytes():
     them; every preset is one of a published shape in a published layout."""
     from hotpath.layers.quant.base import building_with
     from hotpath.layers.quant.detect import quant_config_from_hf
-    from hotpath.loader.quantized import keep_unquantized
+    from hotpath.loader.quantized import set_layer_methods
 
     assert all(name.rsplit("-", 1)[0] in PRESETS or name.rsplit("-", 2)[0] in PRESETS
                for name in PRESETS if name not in PUBLISHED_PARAMS)
@@ -58,7 +58,7 @@ def test_quantized_presets_store_their_formats_bytes():
         try:
             with torch.device("meta"), building_with(qcfg.quantization):
                 model = get_model_class(qcfg.architecture)(qcfg, max_positions=16)
-                keep_unquantized(model, qcfg.quantization)
+                set_layer_methods(model, qcfg.quantization)
         finally:
             torch.set_default_dtype(old)
         want = base_bytes - 2 * linear + per_weight * linear

@@ -125,6 +125,11 @@ class QuantConfig:
         model.layers.0.self_attn.q_proj) stays in the model dtype."""
         return False
 
+    def method_for(self, module_name: str, shard_names: list[str]) -> LinearMethod | None:
+        """The method layer `module_name` takes in place of the one it was born with, where the
+        format decides per layer (a GGUF's per-tensor types); None: it keeps its own."""
+        return None
+
 
 _building: ContextVar[QuantConfig | None] = ContextVar("hotpath_quant_config", default=None)
 

@@ -1,0 +1,242 @@
+"""Linear over GGUF weights kept quantized (reference.py's layout), for every row count.
+
+One kernel, `_gguf_linear_kernel`: a program owns BLOCK_N output features (virtual rows: weight
+rows, or gate/up pairs with GATED) and BLOCK_M rows of x, and walks its split of K one scale
+group at a time: the group's codes unpacked from their bit planes into exact integers q - offset
+in x's dtype ([BLOCK_N, G]), one dot with x's columns (acc [BLOCK_M, BLOCK_N] += x_g @ q_g^T,
+fp32), times the group's scale s, plus b times the sum of x's columns of the group where the
+format has a min term. So the products are those of the exact codes with x as it is and the
+reference (dequantize in fp32, multiply in fp32) differs by summation order only.
+
+Few rows (decode, up to GEMV_MAX_ROWS) take one M tile of x's rows padded to 16 (a dot's least),
+K split until the GPU is full (a counter's last program reduces the splits), and the fused forms
+of the decode chain through hotpath.ops.linear.triton_gemv's epilogue (bias, silu(gate) * up,
+add into the residual with each tile's sums of squares); more rows take 64-row M tiles, no split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hotpath.ops.gguf.reference import GGUFWeight, check_shape
+from hotpath.ops.linear.reference import RmsInput
+from hotpath.ops.linear.triton_gemv import (
+    DOT_BLOCK_M,
+    MAX_SPLIT_TILES,
+    _store_or_reduce,
+    _virtual_rows,
+    gemv_io,
+    split_for,
+)
+from hotpath.ops.norm.triton import rms_norm
+from hotpath.ops.triton_utils import (
+    pdl_enabled,
+    pdl_launch,
+    pdl_launch_dependents,
+    pdl_wait,
+    zeroed_counters,
+)
+
+GEMV_MAX_ROWS = 16  # rows up to which a call is one padded M tile with the fused forms
+GEMV_PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class GGUFLinearConfig:
+    block_m: int
+    block_n: int  # virtual rows per program
+    split_k: int  # programs along K (1: no split)
+    num_warps: int
+    num_stages: int
+
+
+def choose_config(M: int, rows: int, K: int, group: int, device: torch.device) -> GGUFLinearConfig:
+    if M <= GEMV_MAX_ROWS:
+        block_n = 64
+        split = split_for(triton.cdiv(rows, block_n), K, group, device, GEMV_PROGRAMS_PER_SM)
+        return GGUFLinearConfig(DOT_BLOCK_M, block_n, split, 4, 3)
+    return GGUFLinearConfig(64, 64, 1, 4, 3)
+
+
+@triton.jit
+def _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, BLOCK_N: tl.constexpr, G: tl.constexpr,
+                 BITS: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+    """The codes of columns k0 .. k0 + G of the rows at c_rows / h_rows (their offsets in the code
+    and high-bit planes) minus OFFSET: [BLOCK_N, G] in DTYPE, exact integers."""
+    if BITS == 8:
+        q = tl.load(codes_ptr + c_rows[:, None] + (k0 + tl.arange(0, G))[None, :]).to(tl.int32)
+    else:
+        lo = tl.load(codes_ptr + c_rows[:, None] + (k0 // 2 + tl.arange(0, G // 2))[None, :])
+        q = (lo.to(tl.int32)[:, :, None] >> (4 * tl.arange(0, 2))[None, None, :]) & 15
+        q = tl.reshape(q, (BLOCK_N, G))  # [BLOCK_N, G / 2, 2] -> column 2j + i
+        if BITS > 4:
+            WIDTH: tl.constexpr = BITS - 4
+            PER: tl.constexpr = 8 // WIDTH  # codes a high-plane byte
+            hi = tl.load(high_ptr + h_rows[:, None] + (k0 // PER + tl.arange(0, G // PER))[None, :])
+            h = (hi.to(tl.int32)[:, :, None] >> (WIDTH * tl.arange(0, PER))[None, None, :]) & ((1 << WIDTH) - 1)
+            q = q | (tl.reshape(h, (BLOCK_N, G)) << 4)
+    return (q - OFFSET).to(DTYPE)
+
+
+@triton.jit(do_not_specialize=["M", "N"])
+def _gguf_linear_kernel(
+    x_ptr,  # [M, K]
+    codes_ptr,  # uint8 [rows, K / 2] or int8 [rows, K] (BITS 8); rows = N (2N with GATED)
+    high_ptr,  # uint8 [rows, K (BITS - 4) / 8] (BITS 5, 6)
+    d_ptr,  # fp16 [rows, K / (G SUB)]
+    dm_ptr,  # fp16 [rows, K / (G SUB)] (HAS_MIN)
+    sc_ptr,  # uint8 / int8 [rows, K / G] (SUB_SCALES)
+    mc_ptr,  # uint8 [rows, K / G] (SUB_SCALES and HAS_MIN)
+    bias_ptr,  # [N] (HAS_BIAS)
+    out_ptr,  # [M, N]; with RESIDUAL the residual stream, updated in place
+    partial_ptr,  # [split, M, rows] fp32 (SPLIT)
+    counter_ptr,  # [>= n tiles] int32, zero between calls (SPLIT)
+    stat_ptr,  # [n_tiles, M] fp32 (RESIDUAL)
+    M,
+    N,  # output features
+    K,
+    groups_per_split,
+    stride_xm,
+    stride_c,  # row strides of the code plane, the high plane, d / dm and sc / mc
+    stride_h,
+    stride_d,
+    stride_s,
+    stride_om,
+    BITS: tl.constexpr,
+    G: tl.constexpr,
+    SUB: tl.constexpr,
+    OFFSET: tl.constexpr,
+    SUB_SCALES: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pdl_launch_dependents(USE_PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    # an M tile's rows of x and of the output (the fused forms and splits have one M tile)
+    x_ptr += pid_m.to(tl.int64) * BLOCK_M * stride_xm
+    out_ptr += pid_m.to(tl.int64) * BLOCK_M * stride_om
+    M -= pid_m * BLOCK_M
+    rv, w_row, rows_total = _virtual_rows(pid_n, N, BLOCK_N, GATED)
+    w_row = w_row.to(tl.int64)
+    c_rows = w_row * stride_c
+    h_rows = w_row * stride_h
+    d_rows = w_row * stride_d
+    s_rows = w_row * stride_s
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, G)
+    dtype = x_ptr.dtype.element_ty
+    g_start = pid_k * groups_per_split
+    g_end = tl.minimum(g_start + groups_per_split, K // G)
+    # the weights are written by no kernel: PDL's wait can come after their first loads
+    pdl_wait(USE_PDL)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(g_start, g_end):
+        k0 = g * G
+        q = _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, BLOCK_N, G, BITS, OFFSET, dtype)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=(rm < M)[:, None],
+                    other=0.0)  # [BLOCK_M, G]
+        part = tl.dot(x, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        s = tl.load(d_ptr + d_rows + g // SUB).to(tl.float32)
+        if SUB_SCALES:
+            s *= tl.load(sc_ptr + s_rows + g).to(tl.float32)
+        acc += part * s[None, :]
+        if HAS_MIN:
+            b = tl.load(dm_ptr + d_rows + g // SUB).to(tl.float32)
+            if SUB_SCALES:
+                b *= tl.load(mc_ptr + s_rows + g).to(tl.float32)
+            acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * b[None, :]
+    acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
+    _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
+                     out_ptr, bias_ptr, stride_om, stat_ptr, HAS_BIAS, GATED, RESIDUAL, dtype,
+                     BLOCK_N, BLOCK_M, SPLIT)
+
+
+def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
+            config: GGUFLinearConfig | None, gated: bool = False, rms: RmsInput | None = None,
+            residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    fmt = w.fmt
+    rows, K = w.shape
+    check_shape(fmt, rows, K)
+    fused = gated or rms is not None or residual is not None
+    if rms is not None:
+        # normalised by a launch of its own, as the int4 GEMV does
+        x = rms_norm(x, rms[1], rms[2])
+    io = gemv_io(x, rows, K, bias, gated, None, residual, out_dtype,
+                 GEMV_MAX_ROWS if fused else None, "the fused GGUF linear")
+    if io.done:
+        return io.out.view(*x.shape[:-1], io.N), None
+    x2, out, M, N = io.x2, io.out, io.M, io.N
+    cfg = config or choose_config(M, rows, K, fmt.group, x.device)
+    assert cfg.block_n % 2 == 0 or not gated
+    n_tiles = triton.cdiv(rows, cfg.block_n)
+    m_tiles = triton.cdiv(M, cfg.block_m)
+    assert m_tiles == 1 or (not fused and cfg.split_k == 1), "fused forms and splits take one M tile"
+    groups = K // fmt.group
+    per_split = triton.cdiv(groups, max(1, min(cfg.split_k, groups)))
+    split = triton.cdiv(groups, per_split)
+    partial = out
+    if split > 1:
+        if n_tiles > MAX_SPLIT_TILES:
+            raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
+        partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
+    stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
+    use_pdl = pdl_enabled(x.device)
+    _gguf_linear_kernel[(n_tiles, split, m_tiles)](
+        x2, w.codes, w.high, w.d, w.dm, w.sc, w.mc, bias if bias is not None else out, out, partial,
+        zeroed_counters("gguf linear split-K", MAX_SPLIT_TILES, x.device),
+        stat if stat is not None else out,
+        M, N, K, per_split, x2.stride(0), w.codes.stride(0), max(1, w.high.stride(0)), w.d.stride(0),
+        max(1, w.sc.stride(0)), out.stride(0),
+        BITS=fmt.bits,
+        G=fmt.group,
+        SUB=fmt.sub,
+        OFFSET=fmt.offset,
+        SUB_SCALES=fmt.sub_scales,
+        HAS_MIN=fmt.has_min,
+        HAS_BIAS=bias is not None,
+        GATED=gated,
+        RESIDUAL=residual is not None,
+        SPLIT=split > 1,
+        USE_PDL=use_pdl,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl_launch(use_pdl),
+    )
+    return out.view(*x.shape[:-1], N), stat
+
+
+def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
+                rms: RmsInput | None = None, out_dtype: torch.dtype | None = None,
+                config: GGUFLinearConfig | None = None) -> torch.Tensor:  # [..., N]
+    """x @ W^T (+ bias), any number of rows (`rms=`: up to GEMV_MAX_ROWS)."""
+    return _launch(x, w, bias, config, rms=rms, out_dtype=out_dtype)[0]
+
+
+def gguf_linear_silu_and_mul(x: torch.Tensor, w: GGUFWeight, rms: RmsInput | None = None,
+                             config: GGUFLinearConfig | None = None) -> torch.Tensor:  # [..., N / 2]
+    """silu(x @ gate^T) * (x @ up^T) for W = [gate | up], up to GEMV_MAX_ROWS rows."""
+    return _launch(x, w, None, config, gated=True, rms=rms)[0]
+
+
+def gguf_linear_add_residual(x: torch.Tensor, w: GGUFWeight, residual: torch.Tensor,
+                             config: GGUFLinearConfig | None = None) -> torch.Tensor:  # [T, M] fp32
+    """residual += x @ W^T in place, up to GEMV_MAX_ROWS rows; returns the new rows' partial sums of
+    squares (hotpath.ops.linear's statistic)."""
+    return _launch(x, w, None, config, residual=residual)[1]
