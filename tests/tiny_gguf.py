@@ -11,7 +11,7 @@ import numpy as np
 
 from hotpath.ops.gguf.reference import FORMATS
 
-HIDDEN, INTER, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 128
+HIDDEN, INTER, HEADS, KV_HEADS, VOCAB = 256, 256, 4, 2, 128
 LAYER_TYPES = [
     {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_1",
      "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K"},

@@ -402,6 +402,40 @@ def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
     quant.fused_add_rms_norm_fp8(e(1512, H), e(1512, H), e(H), 1e-6, f8)
 
 
+def _gguf_steps(run: Run, target: Target, step: list[str]) -> None:
+    """hotpath.ops.gguf, once, at Qwen2.5-0.5B's shapes in the types of the default model (its
+    Q4_K_M GGUF: Q5_0 and Q8_0 projections, Q4_K / Q6_K down projections) and of the 1.5B one
+    (Q4_K / Q6_K everywhere): the decode chain's forms at one and 16 rows, the plain kernel at a
+    1512-token prefill. The other types share the code and run in the interpreter's tests."""
+    from hotpath.ops import gguf as ops_gguf
+    from hotpath.ops.gguf import empty_weight
+
+    if run.name != "qwen2.5-0.5b":
+        return
+    H, I = 896, 4864  # Qwen2.5-0.5B's hidden and intermediate sizes
+    K_H = 1024  # a K-quant's in_features must hold whole 256-column superblocks (1.5B: 1536)
+
+    def e(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype, device=META)
+
+    for rows in (1, 16):
+        rms = (e(2, rows, dtype=torch.float32), e(H), 1e-6)
+        step[0] = f"{run.name}/gguf-q5_0-b{rows}-qkv"
+        ops_gguf.gguf_linear(e(rows, H), empty_weight("Q5_0", 1152, H, META), bias=e(1152), rms=rms)
+        step[0] = f"{run.name}/gguf-q8_0-b{rows}-v"
+        ops_gguf.gguf_linear(e(rows, H), empty_weight("Q8_0", 128, H, META), bias=e(128))
+        step[0] = f"{run.name}/gguf-q5_0-b{rows}-gate_up"
+        ops_gguf.gguf_linear_silu_and_mul(e(rows, H), empty_weight("Q5_0", 2 * I, H, META), rms=rms)
+        for name in ("Q4_K", "Q6_K"):
+            step[0] = f"{run.name}/gguf-{name.lower()}-b{rows}-down"
+            ops_gguf.gguf_linear_add_residual(e(rows, I), empty_weight(name, H, I, META), e(rows, H))
+            step[0] = f"{run.name}/gguf-{name.lower()}-b{rows}-gate_up"
+            ops_gguf.gguf_linear_silu_and_mul(e(rows, K_H), empty_weight(name, 2 * I, K_H, META))
+    for name in ("Q5_0", "Q8_0", "Q4_K", "Q6_K"):
+        step[0] = f"{run.name}/gguf-{name.lower()}-prefill1512"
+        ops_gguf.gguf_linear(e(1512, I), empty_weight(name, H, I, META))
+
+
 def _moe_fp8_steps(run: Run, target: Target, step: list[str], roles: dict[int, str]) -> None:
     """The fused MoE kernels on fp8 experts (FusedExperts under an fp8 format), once, at
     Qwen3-30B-A3B's shapes in the target's fp8: block scales as Qwen3-30B-A3B-FP8 ships them and
@@ -563,6 +597,7 @@ def recorded(target: Target) -> list[Launch]:
         with torch.inference_mode(), _recording(target, roles, step) as launched:
             _steps(run, model, target, step)
             _quant_steps(run, target, step)
+            _gguf_steps(run, target, step)
             _moe_fp8_steps(run, target, step, roles)
             _moe_int4_steps(run, target, step, roles)
             _allreduce_steps(run, target, step)

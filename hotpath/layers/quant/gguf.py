@@ -24,6 +24,7 @@ from hotpath.ops.gguf import (
     FORMATS_BY_ID,
     GGUFFormat,
     GGUFWeight,
+    empty_weight,
     gguf_fuses,
     gguf_linear,
     gguf_linear_add_residual,
@@ -38,24 +39,6 @@ if TYPE_CHECKING:
     from hotpath.ops.linear.reference import RmsInput
 
 _LAYOUT = ("codes", "high", "d", "dm", "sc", "mc")
-
-
-def _empty_layout(fmt: GGUFFormat, N: int, K: int) -> dict[str, torch.Tensor]:
-    """The layout's tensors for an [N, K] weight, uninitialised (reference.py's shapes)."""
-    groups = K // fmt.group
-    supers = groups // fmt.sub
-    code = (torch.empty(N, K, dtype=torch.int8) if fmt.bits == 8
-            else torch.empty(N, K // 2, dtype=torch.uint8))
-    high_cols = K * (fmt.bits - 4) // 8 if fmt.bits in (5, 6) else 0
-    return {
-        "codes": code,
-        "high": torch.empty(N, high_cols, dtype=torch.uint8),
-        "d": torch.empty(N, supers, dtype=torch.float16),
-        "dm": torch.empty(N, supers if fmt.has_min else 0, dtype=torch.float16),
-        "sc": torch.empty(N, groups if fmt.sub_scales else 0,
-                          dtype=torch.int8 if fmt.name == "Q6_K" else torch.uint8),
-        "mc": torch.empty(N, groups if fmt.sub_scales and fmt.has_min else 0, dtype=torch.uint8),
-    }
 
 
 class _Run:
@@ -91,7 +74,7 @@ class GGUFLinearMethod(LinearMethod):
             else:
                 self.runs.append(_Run(fmt, [shard], [0], size))
         for i, run in enumerate(self.runs):
-            for name, t in _empty_layout(run.fmt, run.rows, in_features).items():
+            for name, t in empty_weight(run.fmt, run.rows, in_features).tensors().items():
                 setattr(layer, f"gguf{i}_{name}", checkpoint_param(t, from_checkpoint=False))
         # the loaders' handle: each projection's GGUF blocks as stored, uint8 [rows, row bytes]
         layer.weight = checkpoint_param(torch.empty(0, dtype=torch.uint8), output_dim=None)

@@ -10,7 +10,14 @@ import torch
 from hotpath.ops import backend
 from hotpath.ops.activation import silu_and_mul
 from hotpath.ops.gguf import reference
-from hotpath.ops.gguf.reference import FORMATS, FORMATS_BY_ID, GGUFFormat, GGUFWeight, repack
+from hotpath.ops.gguf.reference import (
+    FORMATS,
+    FORMATS_BY_ID,
+    GGUFFormat,
+    GGUFWeight,
+    empty_weight,
+    repack,
+)
 from hotpath.ops.gguf.triton_linear import GEMV_MAX_ROWS
 from hotpath.ops.linear import reference as linear_ref
 from hotpath.ops.linear.reference import RmsInput
@@ -60,6 +67,7 @@ __all__ = [
     "GEMV_MAX_ROWS",
     "GGUFFormat",
     "GGUFWeight",
+    "empty_weight",
     "gguf_fuses",
     "gguf_linear",
     "gguf_linear_add_residual",

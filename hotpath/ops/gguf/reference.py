@@ -85,6 +85,27 @@ class GGUFWeight:
         return 8 * sum(t.numel() * t.element_size() for t in self.tensors().values()) / (N * K)
 
 
+def empty_weight(fmt: GGUFFormat | str, N: int, K: int, device: torch.device | None = None) -> GGUFWeight:
+    """An uninitialised [N, K] weight in the layout."""
+    fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
+    check_shape(fmt, N, K)
+    groups = K // fmt.group
+    supers = groups // fmt.sub
+
+    def t(cols: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(N, cols, dtype=dtype, device=device)
+
+    return GGUFWeight(
+        fmt,
+        t(K, torch.int8) if fmt.bits == 8 else t(K // 2, torch.uint8),
+        t(K * (fmt.bits - 4) // 8 if fmt.bits in (5, 6) else 0, torch.uint8),
+        t(supers, torch.float16),
+        t(supers if fmt.has_min else 0, torch.float16),
+        t(groups if fmt.sub_scales else 0, torch.int8 if fmt.name == "Q6_K" else torch.uint8),
+        t(groups if fmt.sub_scales and fmt.has_min else 0, torch.uint8),
+    )
+
+
 def check_shape(fmt: GGUFFormat, N: int, K: int) -> None:
     if K % fmt.block:
         raise ValueError(f"a {fmt.name} weight needs in_features a multiple of {fmt.block}, got {K}")

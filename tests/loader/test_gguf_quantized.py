@@ -1,0 +1,70 @@
+"""A GGUF's linear layers kept in their GGUF types (quantization="gguf", the default on a GPU):
+the whole model on the CPU (the reference ops dequantize each weight as it runs) gives the tokens
+and logprobs of the 16-bit copy's model, in float32, on a tiny Qwen2 GGUF that uses every type
+(tests/tiny_gguf.py); and which runs the resolver gives which format."""
+
+import pytest
+import torch
+from tiny_gguf import LAYER_TYPES, make_tiny_gguf_dir
+
+from hotpath import LLM, SamplingParams
+from hotpath.layers.linear import Linear, UnquantizedLinearMethod
+from hotpath.layers.quant.gguf import GGUFLinearMethod, GGUFQuantConfig
+from hotpath.resolve import _quant_config
+
+
+@pytest.fixture
+def gguf_dir(tmp_path, monkeypatch):
+    return make_tiny_gguf_dir(tmp_path, monkeypatch)
+
+
+def generate(model_dir, **kwargs):
+    llm = LLM(str(model_dir), skip_tokenizer_init=True, device="cpu", dtype="float32",
+              max_model_len=128, **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    outs = llm.generate([{"prompt_token_ids": p} for p in ([5, 17, 33, 90, 4], [7, 8])], params,
+                        use_tqdm=False)
+    return llm, [(o.outputs[0].token_ids, [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs,
+                                                                           o.outputs[0].token_ids)])
+                 for o in outs]
+
+
+def test_kept_quantized_matches_the_16bit_copy(gguf_dir):
+    _, want = generate(gguf_dir)
+    llm, got = generate(gguf_dir, quantization="gguf")
+    for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want):
+        assert got_ids == want_ids
+        assert max(abs(a - b) for a, b in zip(got_lps, want_lps)) < 1e-5
+    model = llm.engine.executor.runner.model
+    methods = {name: m.method for name, m in model.named_modules() if isinstance(m, Linear)}
+    assert len(methods) == 4 * len(LAYER_TYPES)
+    assert all(isinstance(m, GGUFLinearMethod) for m in methods.values())
+    # no 16-bit copy of a linear weight on the model; layer 0's qkv in two runs (Q5_0 q|k, Q8_0 v)
+    assert all(m.weight.numel() == 0 for m in model.modules() if isinstance(m, Linear))
+    qkv = methods["model.layers.0.self_attn.qkv_proj"]
+    assert [(r.fmt.name, r.rows) for r in qkv.runs] == [("Q5_0", 256 + 128), ("Q8_0", 128)]
+    assert [r.fmt.name for r in methods["model.layers.1.self_attn.qkv_proj"].runs] == ["Q4_0"]
+
+
+def test_resolver_picks_the_format(gguf_dir, tiny_model_factory):
+    assert _quant_config(gguf_dir, None, torch.device("cpu")) is None  # the 16-bit copy
+    for device, quantization in (("cuda", None), ("cpu", "gguf")):
+        config = _quant_config(gguf_dir, quantization, torch.device(device))
+        assert isinstance(config, GGUFQuantConfig)
+        assert config.types["model.layers.0.mlp.down_proj.weight"] == 14  # Q6_K
+    with pytest.raises(ValueError, match="does not apply to a GGUF"):
+        _quant_config(gguf_dir, "awq", torch.device("cpu"))
+    hf_dir, _ = tiny_model_factory("qwen2-gqa4-tied")
+    with pytest.raises(ValueError, match="needs a GGUF model"):
+        _quant_config(hf_dir, "gguf", torch.device("cpu"))
+
+
+def test_float_projections_stay_unquantized(gguf_dir):
+    """A layer with a projection the GGUF stores in float (or in a type without a kernel) loads
+    dequantized as a whole."""
+    config = GGUFQuantConfig.from_file(gguf_dir / "model.gguf")
+    config.types["model.layers.0.self_attn.k_proj.weight"] = 0  # F32
+    shards = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
+    assert isinstance(config.method_for("model.layers.0.self_attn.qkv_proj", shards),
+                      UnquantizedLinearMethod)
+    assert not any(config.keeps_quantized(f"{s}.weight") for s in shards)
