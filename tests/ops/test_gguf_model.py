@@ -2,7 +2,6 @@
 through the Triton kernels on the CPU, under TRITON_INTERPRET=1: the decode steps take the fused
 chain, and greedy decode gives the reference ops' tokens and logprobs."""
 
-import torch
 from tiny_gguf import make_tiny_gguf_dir
 
 from hotpath import LLM, SamplingParams
