@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hotpath.ops.gguf.reference import FORMATS
+from hotpath.ops.gguf.reference import random_blocks
 
 HIDDEN, INTER, HEADS, KV_HEADS, VOCAB = 256, 256, 4, 2, 128
 LAYER_TYPES = [
@@ -19,31 +19,6 @@ LAYER_TYPES = [
      "ffn_gate": "Q5_K", "ffn_up": "Q5_K", "ffn_down": "Q8_0"},
 ]
 OUTPUT_TYPE = "Q8_0"  # the LM head: loaded dequantized (not a Linear layer)
-
-
-def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """uint8 [rows, row bytes]: GGUF blocks of weights of about 0.05 in magnitude. The legacy
-    types quantize random values with gguf-py; the K-quants (which gguf-py only dequantizes) are
-    random bytes with small fp16 scales (any bytes are valid blocks)."""
-    import gguf
-
-    qtype = gguf.GGMLQuantizationType[name]
-    if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
-        values = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
-        return gguf.quantize(values, qtype)
-    fmt = FORMATS[name]
-    blocks = rng.integers(0, 256, size=(rows, cols // fmt.block, fmt.block_bytes), dtype=np.uint8)
-    scale = {"Q4_K": 2e-4, "Q5_K": 1e-4, "Q6_K": 4e-5}[name]  # d: weights ~ d * 63 * 15 (/ 32)
-
-    def put(at: int, values: np.ndarray) -> None:
-        blocks[..., at:at + 2] = values.astype(np.float16)[..., None].view(np.uint8)
-
-    if name == "Q6_K":
-        put(208, scale * (1 + rng.random(blocks.shape[:2])))
-    else:
-        put(0, scale * (1 + rng.random(blocks.shape[:2])))  # d
-        put(2, scale * rng.random(blocks.shape[:2]))  # dmin
-    return blocks.reshape(rows, -1)
 
 
 def write_tiny_gguf(path: Path, seed: int = 0) -> None:

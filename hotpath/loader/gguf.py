@@ -250,6 +250,19 @@ def weights_dir(model_dir: Path, dtype: torch.dtype) -> Path:
     return out
 
 
+def dequantized_copy(model_dir: Path, dtype: torch.dtype, out: Path) -> Path:
+    """A plain HF directory at `out` (config.json and links to the `dtype` safetensors, made now
+    if missing) that loads a converted GGUF's 16-bit copy as any checkpoint, on a GPU too, where
+    the GGUF itself runs kept quantized: the 16-bit side of a comparison."""
+    weights = weights_dir(model_dir, dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_dir / "config.json", out / "config.json")
+    for f in weights.iterdir():
+        if not (out / f.name).exists():
+            (out / f.name).symlink_to(f)
+    return out
+
+
 def _build_dir(out: Path, build: Callable[[Path], None]) -> None:
     """Fill a temp dir next to `out`, then rename it to `out` in one step; if a concurrent process
     renamed its own first, keep that one."""

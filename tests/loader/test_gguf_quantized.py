@@ -68,3 +68,29 @@ def test_float_projections_stay_unquantized(gguf_dir):
     assert isinstance(config.method_for("model.layers.0.self_attn.qkv_proj", shards),
                       UnquantizedLinearMethod)
     assert not any(config.keeps_quantized(f"{s}.weight") for s in shards)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
+    """On a GPU, at every default but the dtype (CUDA graphs, the fused decode chain, the GGUF
+    kernels): in float32 the tokens of the 16-bit copy's model (a plain HF directory of it); in
+    bfloat16 (the kernels multiply exact codes, the copy rounds each weight) the first token's
+    top logprob within bf16's rounding."""
+    from hotpath.loader.gguf import dequantized_copy
+
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
+        plain = dequantized_copy(gguf_dir, dtype, tmp_path / f"plain-{dtype}")
+        runs = []
+        for model_dir in (gguf_dir, plain):
+            llm = LLM(str(model_dir), skip_tokenizer_init=True, dtype=str(dtype).removeprefix("torch."))
+            params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+            outs = llm.generate([{"prompt_token_ids": p} for p in ([5, 17, 33, 90, 4], [7, 8])], params,
+                                use_tqdm=False)
+            runs.append([o.outputs[0] for o in outs])
+            del llm
+        for got, want in zip(*runs):
+            if dtype == torch.float32:
+                assert got.token_ids == want.token_ids
+            # the top logprob of the first step (the token itself may differ at a bf16 near tie)
+            top = [o.logprobs[0][o.token_ids[0]].logprob for o in (got, want)]
+            assert abs(top[0] - top[1]) < tol

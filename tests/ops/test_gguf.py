@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from ops_cases import TOL, activations, cuda, norm_inputs, rel_err
-from tiny_gguf import random_blocks
 
 from hotpath.ops import gguf as ops_gguf
 from hotpath.ops.activation import silu_and_mul
@@ -19,7 +18,7 @@ NAMES = list(reference.FORMATS)
 
 
 def weight(name: str, N: int, K: int, device="cpu", seed: int = 0) -> reference.GGUFWeight:
-    raw = random_blocks(name, N, K, np.random.default_rng(seed))
+    raw = reference.random_blocks(name, N, K, np.random.default_rng(seed))
     return reference.repack(reference.FORMATS[name], torch.from_numpy(raw).to(device), K)
 
 
@@ -30,7 +29,7 @@ def test_layout_dequantizes_as_gguf_does(name):
     a weight are the stored ones (plus the K-quants' unpacked scales)."""
     fmt = reference.FORMATS[name]
     N, K = 5, 768
-    raw = random_blocks(name, N, K, np.random.default_rng(1))
+    raw = reference.random_blocks(name, N, K, np.random.default_rng(1))
     want = gguf.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(N, K)
     w = reference.repack(fmt, torch.from_numpy(raw), K)
     assert w.shape == (N, K)

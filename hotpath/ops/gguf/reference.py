@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 QK_K = 256  # the K-quants' superblock
@@ -244,10 +245,30 @@ def dequantize(w: GGUFWeight) -> torch.Tensor:  # [N, K] float32
     return out.reshape(N, K)
 
 
-def dequantize_rows(w: GGUFWeight, rows: torch.Tensor) -> torch.Tensor:  # [T, K] float32
-    """The rows `rows` [T] of the weight (an embedding lookup), dequantized."""
-    picked = GGUFWeight(w.fmt, *(t.index_select(0, rows) for t in w.tensors().values()))
-    return dequantize(picked)
+def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """uint8 [rows, row bytes]: valid GGUF blocks of random weights of about 0.05 in magnitude,
+    for tests and benchmarks. The legacy types quantize random values with gguf-py; the K-quants
+    (which gguf-py only dequantizes) are random bytes with small fp16 scales (any bytes are valid
+    blocks, their packed 6-bit scales included)."""
+    import gguf
+
+    fmt = FORMATS[name]
+    qtype = gguf.GGMLQuantizationType[name]
+    if fmt.block == 32:
+        values = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        return gguf.quantize(values, qtype)
+    blocks = rng.integers(0, 256, size=(rows, cols // fmt.block, fmt.block_bytes), dtype=np.uint8)
+    scale = {"Q4_K": 2e-4, "Q5_K": 1e-4, "Q6_K": 4e-5}[name]  # d: weights ~ d * 63 * 15 (Q6_K: / 32 * 127)
+
+    def put(at: int, values: np.ndarray) -> None:
+        blocks[..., at:at + 2] = values.astype(np.float16)[..., None].view(np.uint8)
+
+    if name == "Q6_K":
+        put(208, scale * (1 + rng.random(blocks.shape[:2])))
+    else:
+        put(0, scale * (1 + rng.random(blocks.shape[:2])))  # d
+        put(2, scale * rng.random(blocks.shape[:2]))  # dmin
+    return blocks.reshape(rows, -1)
 
 
 def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
