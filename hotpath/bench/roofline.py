@@ -64,14 +64,26 @@ def decode_weight_bytes(model: nn.Module, cfg: ModelConfig, batch_size: int) -> 
 def active_params(model: nn.Module, cfg: ModelConfig) -> int:
     """Parameters one token's forward multiplies by: all but the embedding and the LM head, and of
     the MoE experts only the top_k a token routes to (the vision tower's: its own FLOP count)."""
-    params = sum(p.numel() for p in _language_model_params(model))
-    params -= model.model.embed_tokens.weight.numel()
+    params = sum(_weights(module) for name, module in model.named_modules() if not name.startswith("visual"))
+    params -= _weights(model.model.embed_tokens)
     if not cfg.tie_word_embeddings:
-        params -= model.lm_head.weight.numel()
+        params -= _weights(model.lm_head)
     if cfg.moe is not None:
         experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
         params -= experts - experts * cfg.moe.top_k // cfg.moe.num_experts
     return params
+
+
+def _weights(module: nn.Module) -> int:
+    """The weights a module's own parameters hold: a linear layer's (the LM head's) in x out,
+    whatever its format packs them into, else its parameters' elements."""
+    from hotpath.layers.embedding import LMHead
+    from hotpath.layers.linear import Linear
+
+    if isinstance(module, Linear) or (isinstance(module, LMHead) and module.method is not None):
+        bias = getattr(module, "bias", None)
+        return module.in_features * sum(module.output_sizes) + (bias.numel() if bias is not None else 0)
+    return sum(p.numel() for p in module.parameters(recurse=False))
 
 
 def _language_model_params(model: nn.Module) -> list[nn.Parameter]:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from hotpath.distributed.parallel_state import current_parallel
 from hotpath.layers.linear import WeightLoaders
+from hotpath.layers.quant.base import LinearMethod
 from hotpath.ops.linear import linear
 
 
@@ -73,14 +74,38 @@ class VocabEmbedding(VocabParallel):
 
 class LMHead(VocabParallel):
     """Computes fp32 logits for the rows that are sampled (not every prefill token): the caller
-    passes only those rows, so under tp only they are gathered."""
+    passes only those rows, so under tp only they are gathered.
+
+    An untied head that a quantized format stores quantized (a GGUF's output.weight) runs through
+    that format's LinearMethod (`set_method`, on one rank): its parameters and its kernel."""
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(vocab_size, hidden_size)
+        self.method: LinearMethod | None = None
         if self.tp.size > 1:
             self.forward = self._forward_parallel
 
+    def set_method(self, method: LinearMethod) -> None:
+        if self.tp.size > 1:
+            raise ValueError(f"a quantized LM head ({type(method).__name__}) does not split over "
+                             "tensor-parallel ranks")
+        hidden = self.weight.shape[1]
+        del self.weight
+        # what a LinearMethod reads of its layer (hotpath.layers.linear.Linear's one-rank values)
+        self.in_features, self.output_sizes = hidden, [self.vocab_size]
+        self.output_ranges = self.input_range = self.bias = None
+        self.method = method
+        method.create_weights(self, hidden, self.vocab_size)
+
+    def weight_loader(self, loaded: torch.Tensor) -> None:
+        if self.method is None:
+            super().weight_loader(loaded)
+        else:
+            self.method.load_checkpoint(self, self.weight, 0, loaded)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows, vocab]
+        if self.method is not None:
+            return self.method.apply(self, hidden, None, torch.float32)
         return linear(hidden, self.weight, out_dtype=torch.float32)
 
     def _forward_parallel(self, hidden: torch.Tensor) -> torch.Tensor:
