@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -93,7 +94,7 @@ def _time(fn, iters: int = 200) -> float:
     return start.elapsed_time(end) / 1e3 / iters
 
 
-def kernels(layout_path: str, out: str | None) -> None:
+def kernels(layout_path: str, out: str | None, do_sweep: bool = False) -> None:
     from hotpath.ops.gguf import gguf_linear
     from hotpath.ops.linear import linear
 
@@ -118,9 +119,41 @@ def kernels(layout_path: str, out: str | None) -> None:
             results.append(row)
             print(f"{qtype:5} [{N:6}, {K:5}] rows {M:3}: gguf {t_q * 1e6:7.1f} us {row['gguf_GBps']:7.0f} GB/s"
                   f" | bf16 {t_bf16 * 1e6:7.1f} us {row['bf16_GBps']:7.0f} GB/s | x{row['speedup_vs_bf16']:.2f}")
+    sweep = []
+    if do_sweep:  # tiles at one row and 16, on the layout's first two shapes
+        from dataclasses import replace
+
+        from hotpath.ops.gguf import triton_linear
+
+        for qtype, N, K in shapes[:2]:
+            raw = torch.from_numpy(reference.random_blocks(qtype, N, K, rng)).cuda()
+            w = reference.repack(reference.FORMATS[qtype], raw, K)
+            w_bytes = sum(t.numel() * t.element_size() for t in w.tensors().values())
+            for M in (1, 16):
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                base = triton_linear.choose_config(M, N, K, w.fmt.group, x.device)
+                for block_n in (32, 64, 128):
+                    for groups in (1, 2, 4, 8):
+                        for warps, stages in ((4, 3), (4, 4), (8, 3)):
+                            for per_sm in (2, 4, 8):
+                                split = triton_linear.split_for(triton.cdiv(N, block_n), K,
+                                                                w.fmt.group * groups, x.device, per_sm)
+                                cfg = replace(base, block_n=block_n, groups=groups, num_warps=warps,
+                                              num_stages=stages, split_k=split)
+                                try:
+                                    t = _time(lambda: triton_linear.gguf_linear(x, w, config=cfg), 100)
+                                except Exception as e:  # out of shared memory / registers
+                                    print(f"{cfg}: {type(e).__name__}")
+                                    continue
+                                sweep.append({"type": qtype, "N": N, "K": K, "rows": M, "config": str(cfg),
+                                              "us": t * 1e6, "GBps": w_bytes / t / 1e9})
+                best = sorted((r for r in sweep if r["rows"] == M and r["type"] == qtype and r["N"] == N),
+                              key=lambda r: r["us"])[:5]
+                for r in best:
+                    print(f"sweep {qtype} [{N}, {K}] rows {M}: {r['us']:.1f} us {r['GBps']:.0f} GB/s {r['config']}")
     if out:
         Path(out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "layout": spec["source"],
-                                         "results": results}, indent=1) + "\n")
+                                         "results": results, "sweep": sweep}, indent=1) + "\n")
 
 
 def main() -> int:
@@ -135,6 +168,7 @@ def main() -> int:
     k = sub.add_parser("kernels", help="each linear's GGUF kernel against bf16, 1..64 rows")
     k.add_argument("layout")
     k.add_argument("--json", default=None)
+    k.add_argument("--sweep", action="store_true", help="also time tile configs on two shapes")
     ns = p.parse_args()
     os.environ.setdefault("HOTPATH_CACHE", "/tmp/hotpath-cache")
     if ns.cmd == "layout":
@@ -142,7 +176,7 @@ def main() -> int:
     elif ns.cmd == "build":
         build(ns.layout, ns.out)
     else:
-        kernels(ns.layout, ns.json)
+        kernels(ns.layout, ns.json, ns.sweep)
     return 0
 
 

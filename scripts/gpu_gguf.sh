@@ -4,7 +4,8 @@
 #            tiny GGUF kept quantized against its 16-bit copy through LLM at every default
 #   models   for each layout (benchmarks/gguf_layouts: the real files' types and shapes, random
 #            blocks): `hotpath bench latency` at batch 1 / 8 / 32 kept quantized and on the 16-bit copy
-#   kernels  each linear's GGUF kernel against bf16 at 1..64 rows (weight bytes / time)
+#   kernels  each linear's GGUF kernel against bf16 at 1..64 rows (weight bytes / time); SWEEP=1:
+#            tile configs too, at 1 and 16 rows on two shapes
 # Usage: bash scripts/gpu_gguf.sh [tests] [models] [kernels]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HOTPATH_CACHE=/tmp/hotpath-cache
@@ -30,7 +31,7 @@ if [[ $what == *" models "* ]]; then
 fi
 if [[ $what == *" kernels "* ]]; then
   for l in $layouts; do
-    timeout 200 python3 benchmarks/gguf_decode.py kernels benchmarks/gguf_layouts/$l.json \
-      --json "$OUT/kernels_$l.json" 2>&1 | tail -60
+    timeout 240 python3 benchmarks/gguf_decode.py kernels benchmarks/gguf_layouts/$l.json ${SWEEP:+--sweep} \
+      --json "$OUT/kernels_$l.json" 2>&1 | tail -80
   done
 fi

@@ -54,9 +54,10 @@ def test_interpreter_kernel(name, interpreter, poisoned):
     N, K = 40, 512
     w = weight(name, N, K)
     bias = activations(1, N, seed=9)[0]
+    # K split in two; 3 groups an iteration (the second split's last runs past its groups)
     for M, cfg in ((1, triton_linear.GGUFLinearConfig(16, 16, 2, 4, 1)),
-                   (3, triton_linear.GGUFLinearConfig(16, 32, 1, 4, 1)),
-                   (40, triton_linear.GGUFLinearConfig(32, 32, 1, 4, 1))):
+                   (3, triton_linear.GGUFLinearConfig(16, 32, 2, 4, 1, 3)),
+                   (40, triton_linear.GGUFLinearConfig(32, 32, 1, 4, 1, 2))):
         x = activations(M, K)
         got = triton_linear.gguf_linear(x, w, bias, config=cfg)
         assert rel_err(got, reference.gguf_linear(x, w, bias)) < TOL[torch.float32], (name, M)

@@ -1,12 +1,13 @@
 """Linear over GGUF weights kept quantized (reference.py's layout), for every row count.
 
 One kernel, `_gguf_linear_kernel`: a program owns BLOCK_N output features (virtual rows: weight
-rows, or gate/up pairs with GATED) and BLOCK_M rows of x, and walks its split of K one scale
-group at a time: the group's codes unpacked from their bit planes into exact integers q - offset
-in x's dtype ([BLOCK_N, G]), one dot with x's columns (acc [BLOCK_M, BLOCK_N] += x_g @ q_g^T,
-fp32), times the group's scale s, plus b times the sum of x's columns of the group where the
-format has a min term. So the products are those of the exact codes with x as it is and the
-reference (dequantize in fp32, multiply in fp32) differs by summation order only.
+rows, or gate/up pairs with GATED) and BLOCK_M rows of x, and walks its split of K a few scale
+groups an iteration (their loads in one pipeline stage). Each group's codes are unpacked from
+their bit planes into exact integers q - offset in x's dtype ([BLOCK_N, G]) and take one dot with
+x's columns (acc [BLOCK_M, BLOCK_N] += x_g @ q_g^T, fp32), times the group's scale s, plus b
+times the sum of x's columns of the group where the format has a min term. So the products are
+those of the exact codes with x as it is, and the reference (dequantize in fp32, multiply in
+fp32) differs by summation order only.
 
 Few rows (decode, up to GEMV_MAX_ROWS) take one M tile of x's rows padded to 16 (a dot's least),
 K split until the GPU is full (a counter's last program reduces the splits), and the fused forms
@@ -52,31 +53,34 @@ class GGUFLinearConfig:
     split_k: int  # programs along K (1: no split)
     num_warps: int
     num_stages: int
+    groups: int = 1  # scale groups an iteration loads (the bytes each pipeline stage holds)
 
 
 def choose_config(M: int, rows: int, K: int, group: int, device: torch.device) -> GGUFLinearConfig:
     if M <= GEMV_MAX_ROWS:
-        block_n = 64
-        split = split_for(triton.cdiv(rows, block_n), K, group, device, GEMV_PROGRAMS_PER_SM)
-        return GGUFLinearConfig(DOT_BLOCK_M, block_n, split, 4, 3)
-    return GGUFLinearConfig(64, 64, 1, 4, 3)
+        block_n, groups = 64, 4
+        split = split_for(triton.cdiv(rows, block_n), K, group * groups, device, GEMV_PROGRAMS_PER_SM)
+        return GGUFLinearConfig(DOT_BLOCK_M, block_n, split, 4, 3, groups)
+    return GGUFLinearConfig(64, 64, 1, 4, 3, 2)
 
 
 @triton.jit
-def _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, BLOCK_N: tl.constexpr, G: tl.constexpr,
-                 BITS: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+def _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, valid, BLOCK_N: tl.constexpr,
+                 G: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr):
     """The codes of columns k0 .. k0 + G of the rows at c_rows / h_rows (their offsets in the code
-    and high-bit planes) minus OFFSET: [BLOCK_N, G] in DTYPE, exact integers."""
+    and high-bit planes) minus OFFSET: [BLOCK_N, G] in DTYPE, exact integers (garbage where not
+    `valid`: their scales load as 0)."""
     if BITS == 8:
-        q = tl.load(codes_ptr + c_rows[:, None] + (k0 + tl.arange(0, G))[None, :]).to(tl.int32)
+        q = tl.load(codes_ptr + c_rows[:, None] + (k0 + tl.arange(0, G))[None, :], mask=valid).to(tl.int32)
     else:
-        lo = tl.load(codes_ptr + c_rows[:, None] + (k0 // 2 + tl.arange(0, G // 2))[None, :])
+        lo = tl.load(codes_ptr + c_rows[:, None] + (k0 // 2 + tl.arange(0, G // 2))[None, :], mask=valid)
         q = (lo.to(tl.int32)[:, :, None] >> (4 * tl.arange(0, 2))[None, None, :]) & 15
         q = tl.reshape(q, (BLOCK_N, G))  # [BLOCK_N, G / 2, 2] -> column 2j + i
         if BITS > 4:
             WIDTH: tl.constexpr = BITS - 4
             PER: tl.constexpr = 8 // WIDTH  # codes a high-plane byte
-            hi = tl.load(high_ptr + h_rows[:, None] + (k0 // PER + tl.arange(0, G // PER))[None, :])
+            hi = tl.load(high_ptr + h_rows[:, None] + (k0 // PER + tl.arange(0, G // PER))[None, :],
+                         mask=valid)
             h = (hi.to(tl.int32)[:, :, None] >> (WIDTH * tl.arange(0, PER))[None, None, :]) & ((1 << WIDTH) - 1)
             q = q | (tl.reshape(h, (BLOCK_N, G)) << 4)
     return (q - OFFSET).to(DTYPE)
@@ -119,6 +123,7 @@ def _gguf_linear_kernel(
     USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pdl_launch_dependents(USE_PDL)
@@ -143,21 +148,26 @@ def _gguf_linear_kernel(
     # the weights are written by no kernel: PDL's wait can come after their first loads
     pdl_wait(USE_PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for g in range(g_start, g_end):
-        k0 = g * G
-        q = _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, BLOCK_N, G, BITS, OFFSET, dtype)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=(rm < M)[:, None],
-                    other=0.0)  # [BLOCK_M, G]
-        part = tl.dot(x, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        s = tl.load(d_ptr + d_rows + g // SUB).to(tl.float32)
-        if SUB_SCALES:
-            s *= tl.load(sc_ptr + s_rows + g).to(tl.float32)
-        acc += part * s[None, :]
-        if HAS_MIN:
-            b = tl.load(dm_ptr + d_rows + g // SUB).to(tl.float32)
+    for g0 in range(g_start, g_end, GROUPS):
+        for j in tl.static_range(GROUPS):
+            g = g0 + j
+            # a split's last iteration may run past its groups ([1]: a mask the loads broadcast)
+            valid = tl.full([1], g, tl.int32) < g_end
+            k0 = g * G
+            q = _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, valid, BLOCK_N, G, BITS, OFFSET,
+                             dtype)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
+                        mask=(rm < M)[:, None] & valid, other=0.0)  # [BLOCK_M, G]
+            part = tl.dot(x, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+            s = tl.load(d_ptr + d_rows + g // SUB, mask=valid, other=0.0).to(tl.float32)
             if SUB_SCALES:
-                b *= tl.load(mc_ptr + s_rows + g).to(tl.float32)
-            acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * b[None, :]
+                s *= tl.load(sc_ptr + s_rows + g, mask=valid, other=0).to(tl.float32)
+            acc += part * s[None, :]
+            if HAS_MIN:
+                b = tl.load(dm_ptr + d_rows + g // SUB, mask=valid, other=0.0).to(tl.float32)
+                if SUB_SCALES:
+                    b *= tl.load(mc_ptr + s_rows + g, mask=valid, other=0).to(tl.float32)
+                acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * b[None, :]
     acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
     _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
                      out_ptr, bias_ptr, stride_om, stat_ptr, HAS_BIAS, GATED, RESIDUAL, dtype,
@@ -186,7 +196,8 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
     m_tiles = triton.cdiv(M, cfg.block_m)
     assert m_tiles == 1 or (not fused and cfg.split_k == 1), "fused forms and splits take one M tile"
     groups = K // fmt.group
-    per_split = triton.cdiv(groups, max(1, min(cfg.split_k, groups)))
+    # a split's groups: whole iterations of cfg.groups but the last split's
+    per_split = triton.cdiv(triton.cdiv(groups, max(1, min(cfg.split_k, groups))), cfg.groups) * cfg.groups
     split = triton.cdiv(groups, per_split)
     partial = out
     if split > 1:
@@ -214,6 +225,7 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
         USE_PDL=use_pdl,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
+        GROUPS=cfg.groups,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
