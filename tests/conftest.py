@@ -57,3 +57,46 @@ def hf_gguf_models():
             cache.pop(name, None)
 
     return Models()
+
+
+# ---- pytest-xdist: the suite runs on two workers (pyproject.toml's addopts: -n 2 --dist loadgroup) ---
+
+def xdist_worker(config) -> bool:
+    """Whether this process is a pytest-xdist worker (its tests are a share of the session's)."""
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    """Each worker's torch gets its share of the cores: two workers each running two intra-op
+    threads on two cores oversubscribe them, and an OpenMP region then waits on a descheduled
+    thread. Subprocesses the tests start (servers, engine processes, gloo ranks) keep their own."""
+    if xdist_worker(config):
+        import os
+
+        import torch
+
+        workers = int(config.workerinput.get("workercount", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
+def pytest_collection_modifyitems(session, config, items):
+    """Under --dist loadgroup a test is a unit of work of its own, unless it is in a group:
+    tests that share a costly fixture wider than a test run on one worker, which sets it up once.
+
+    - the tests of transformers' real GGUF models (hf_gguf_models: a minute or more a model to
+      dequantize in Python) are one group;
+    - a module's tests that use a module- or class-scoped fixture are one group (the module's).
+
+    tests/ops/conftest.py puts the compile children's tests in a group of their own first."""
+    if not xdist_worker(config):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if "hf_gguf_models" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("hf_gguf_models"))
+            continue
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope in ("module", "class", "package") for fds in defs.values() for d in fds):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

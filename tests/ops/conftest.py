@@ -60,27 +60,58 @@ def poisoned(monkeypatch):
 
 
 _compiling = []  # the modules whose compile children this session started (test_cross_compile, test_moe)
+_COMPILE_MODULES = ("test_cross_compile.py", "test_moe.py")
+_COMPILE_GROUP = "compile-children"
 
 
+def _compile_module(item) -> bool:
+    return item.path.name in _COMPILE_MODULES and item.path.parent == Path(__file__).parent
+
+
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _start_compiling(session) -> None:
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if _compile_module(item) and hasattr(module, "start_compiling") and module not in _compiling:
+            _compiling.append(module)
+            module.start_compiling(session.items)
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py's and xdist's (the groups it reads)
 def pytest_collection_modifyitems(session, config, items):
     """test_cross_compile's tests run last in the session: its children (started when collection
     ends, below) then compile beside every other test rather than only those before tests/ops,
-    and what is left of their work is waited for once, at the end."""
-    items.sort(key=lambda item: item.path.name == "test_cross_compile.py"
-               and item.path.parent == Path(__file__).parent)  # a stable sort: the order kept otherwise
+    and what is left of their work is waited for once, at the end.
+
+    Under pytest-xdist a worker does not know at collection which tests it will run, so no
+    children start then: the tests that wait on the compile children (the `compiled` fixture of
+    test_cross_compile and of test_moe) are one group, first in the session, and the worker that
+    runs it starts both modules' children at its first test (pytest_runtest_setup). While it waits
+    on them, the other worker runs the rest of the session."""
+    if not _xdist_worker(config):
+        items.sort(key=lambda item: item.path.name == "test_cross_compile.py"
+                   and item.path.parent == Path(__file__).parent)  # a stable sort: the order kept otherwise
+        return
+    for item in items:
+        if _compile_module(item) and "compiled" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group(_COMPILE_GROUP))
+    items.sort(key=lambda item: not (_compile_module(item) and "compiled" in item.fixturenames))
 
 
 def pytest_collection_finish(session):
     """The compile children of test_cross_compile and test_moe start as soon as their cases are
-    known."""
-    if session.config.option.collectonly:
+    known (on one worker only, at its first such test, under pytest-xdist)."""
+    if session.config.option.collectonly or _xdist_worker(session.config):
         return
-    for item in session.items:
-        module = getattr(item, "module", None)
-        if (item.path.name in ("test_cross_compile.py", "test_moe.py") and hasattr(module, "start_compiling")
-                and module not in _compiling):
-            _compiling.append(module)
-            module.start_compiling(session.items)
+    _start_compiling(session)
+
+
+def pytest_runtest_setup(item):
+    if _xdist_worker(item.config) and _compile_module(item) and "compiled" in item.fixturenames:
+        _start_compiling(item.session)
 
 
 def pytest_sessionfinish(session):

@@ -583,7 +583,7 @@ def compiled(request) -> dict[str, dict[str, str]]:
     collection did not)."""
     pytest.importorskip("triton")
     start_compiling(request.session.items)
-    return _children.results(timeout=600)
+    return _children.results(timeout=1800)  # beside test_cross_compile's children, under pytest-xdist
 
 
 @pytest.mark.parametrize("target", COMPILE_TARGETS)
