@@ -18,7 +18,8 @@ LAYER_TYPES = [
     {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q4_0", "attn_output": "Q5_1",
      "ffn_gate": "Q5_K", "ffn_up": "Q5_K", "ffn_down": "Q8_0"},
 ]
-OUTPUT_TYPE = "Q8_0"  # the LM head: loaded dequantized (not a Linear layer)
+OUTPUT_TYPE = "Q8_0"  # the untied LM head
+EMBED_TYPE = "Q5_0"  # the embedding, as in Qwen2.5-Coder-0.5B's Q4_K_M file
 
 
 def write_tiny_gguf(path: Path, seed: int = 0) -> None:
@@ -36,7 +37,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> None:
                           raw_dtype=gguf.GGMLQuantizationType[qtype])
 
     head_dim = HIDDEN // HEADS
-    f32("token_embd.weight", VOCAB, HIDDEN, scale=1.0)
+    quant("token_embd.weight", EMBED_TYPE, VOCAB, HIDDEN)
     for i, types in enumerate(LAYER_TYPES):
         p = f"blk.{i}."
         f32(p + "attn_norm.weight", HIDDEN, offset=1.0)

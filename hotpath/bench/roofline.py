@@ -50,15 +50,17 @@ def decode_weight_bytes(model: nn.Module, cfg: ModelConfig, batch_size: int) -> 
     stacked MoE experts, of which only those the step's tokens route to count (their expected
     number at this batch size). An image-text model's vision tower runs at prefill only."""
     total = sum(p.numel() * p.element_size() for p in _language_model_params(model))
-    emb = model.model.embed_tokens.weight
-    row_bytes = emb.shape[1] * emb.element_size()
+    emb = model.model.embed_tokens
+    emb_bytes = sum(p.numel() * p.element_size() for p in emb.parameters(recurse=False))
+    rows = emb.vocab_size if emb.method is not None else emb.weight.shape[0]
+    row_bytes = emb_bytes // rows  # in its format (a GGUF's: its blocks)
     if not cfg.tie_word_embeddings:
-        total -= emb.numel() * emb.element_size()
+        total -= emb_bytes
     if cfg.moe is not None:
         experts = _expert_bytes(model)
         routed = expected_distinct_experts(cfg.moe.num_experts, cfg.moe.top_k, batch_size)
         total -= round(experts * (1 - routed / cfg.moe.num_experts))
-    return total + min(batch_size, emb.shape[0]) * row_bytes
+    return total + min(batch_size, rows) * row_bytes
 
 
 def active_params(model: nn.Module, cfg: ModelConfig) -> int:

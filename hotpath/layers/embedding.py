@@ -6,6 +6,10 @@ embedding looks up the tokens in its rows (others zero) and all-reduces, the LM 
 rows' logits for the rows that sample and all-gathers them into the full fp32 logits on every
 rank, the padding cut off. Both take the same layout, so a tied LM head shares the embedding's
 parameter as on one rank. On one rank both are the plain lookup and projection.
+
+A format that stores either matrix quantized (a GGUF) gives it its LinearMethod (`set_method`,
+one rank): the LM head runs the method's kernel, the embedding looks rows up through the method
+(`embed`: the rows dequantized, in the model dtype).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch.nn.functional as F
 from hotpath.distributed.parallel_state import current_parallel
 from hotpath.layers.linear import WeightLoaders
 from hotpath.layers.quant.base import LinearMethod
+from hotpath.ops.embedding import embedding_with_sumsq
 from hotpath.ops.linear import linear
 
 
@@ -33,6 +38,23 @@ class VocabParallel(nn.Module):
         self.vocab_start = tp.rank * rows
         self.padded_vocab = rows * tp.size
         self.weight = nn.Parameter(torch.empty(rows, hidden_size), requires_grad=False)  # [V/tp, H]
+        self.hidden_size = hidden_size
+        self.method: LinearMethod | None = None
+
+    def set_method(self, method: LinearMethod) -> None:
+        """The matrix in a quantized format that stores it so (a GGUF's): its parameters the
+        method's, filled through it (one rank only)."""
+        if self.tp.size > 1:
+            raise ValueError(f"a quantized {type(self).__name__} ({type(method).__name__}) does not "
+                             "split over tensor-parallel ranks")
+        del self.weight
+        # what a LinearMethod reads of its layer (hotpath.layers.linear.Linear's one-rank values)
+        self.in_features, self.output_sizes = self.hidden_size, [self.vocab_size]
+        self.output_ranges = self.input_range = self.bias = None
+        self.dtype = torch.get_default_dtype()  # the model's, which it is built in
+        self.method_probe = torch.empty(1, self.hidden_size)  # [1, H]: stand_in's dtype and device
+        self.method = method
+        method.create_weights(self, self.hidden_size, self.vocab_size)
 
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
         return {f"{prefix}.weight": self.weight_loader}
@@ -44,6 +66,9 @@ class VocabParallel(nn.Module):
 
     def weight_loader(self, loaded: torch.Tensor) -> None:
         """Takes this rank's rows of the full [vocab, hidden] checkpoint tensor."""
+        if self.method is not None:
+            self.method.load_checkpoint(self, self.weight, 0, loaded)
+            return
         expected = (self.vocab_size, self.weight.shape[1])
         if loaded.shape != expected:
             raise ValueError(f"has shape {tuple(loaded.shape)}, expected {expected}")
@@ -62,7 +87,24 @@ class VocabEmbedding(VocabParallel):
             self.forward = self._forward_parallel
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        if self.method is not None:
+            return self.method.embed(self, input_ids)
         return F.embedding(input_ids, self.weight)
+
+    def with_sumsq(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows [T, hidden], their sums of squares [1, T] fp32): the first layer's input and
+        its RMSNorm statistic (hotpath.ops.embedding.embedding_with_sumsq)."""
+        if self.method is not None:
+            h = self(input_ids)
+            return h, h.float().pow(2).sum(-1)[None, :]
+        return embedding_with_sumsq(input_ids, self.weight)
+
+    def stand_in(self, num_tokens: int) -> torch.Tensor:
+        """[num_tokens, hidden] with the rows' dtype and device, no memory of its own: what a
+        step's input will be like, for the decode path's checks."""
+        if self.method is not None:
+            return self.method_probe.expand(num_tokens, -1)
+        return self.weight[:1].expand(num_tokens, -1)
 
     def _forward_parallel(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.vocab_start  # [T]
@@ -81,27 +123,8 @@ class LMHead(VocabParallel):
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(vocab_size, hidden_size)
-        self.method: LinearMethod | None = None
         if self.tp.size > 1:
             self.forward = self._forward_parallel
-
-    def set_method(self, method: LinearMethod) -> None:
-        if self.tp.size > 1:
-            raise ValueError(f"a quantized LM head ({type(method).__name__}) does not split over "
-                             "tensor-parallel ranks")
-        hidden = self.weight.shape[1]
-        del self.weight
-        # what a LinearMethod reads of its layer (hotpath.layers.linear.Linear's one-rank values)
-        self.in_features, self.output_sizes = hidden, [self.vocab_size]
-        self.output_ranges = self.input_range = self.bias = None
-        self.method = method
-        method.create_weights(self, hidden, self.vocab_size)
-
-    def weight_loader(self, loaded: torch.Tensor) -> None:
-        if self.method is None:
-            super().weight_loader(loaded)
-        else:
-            self.method.load_checkpoint(self, self.weight, 0, loaded)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [rows, hidden] -> [rows, vocab]
         if self.method is not None:

@@ -34,7 +34,6 @@ from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import WeightLoaders
 from hotpath.layers.norm import RMSNorm
 from hotpath.layers.rotary import RotaryEmbedding
-from hotpath.ops.embedding import embedding_with_sumsq
 from hotpath.layers.forward_batch import ForwardBatch
 
 
@@ -133,8 +132,7 @@ class DecoderModel(nn.Module):
         every layer's blocks fuse at that many rows (never under tp: see the module's note)."""
         if self.tp is not None:
             return False
-        w = self.embed_tokens.weight
-        x = w[:1].expand(num_tokens, -1)  # stands for the step's input: its rows, dtype, device
+        x = self.embed_tokens.stand_in(num_tokens)  # the step's input: its rows, dtype, device
         return all(layer.fuses(x) for layer in self._layer_kinds)
 
     def forward_few_rows(
@@ -143,7 +141,7 @@ class DecoderModel(nn.Module):
         """The layers of a step of a few tokens: the residual stream after the last layer, before
         the final RMSNorm. The embedding lookup stores the first layer's RMSNorm statistic, so no
         norm launch runs before its qkv projection."""
-        h, sumsq = embedding_with_sumsq(input_ids, self.embed_tokens.weight)
+        h, sumsq = self.embed_tokens.with_sumsq(input_ids)
         for layer in self.layers:
             sumsq = layer.forward_few_rows(positions, h, sumsq, batch)
         return h

@@ -1,8 +1,9 @@
 """GGUF weights kept quantized: every Linear whose checkpoint tensors a GGUF stores in a supported
 quantized type (hotpath.ops.gguf.FORMATS) holds them in the GGUF layout of hotpath/ops/gguf
-(repacked once as they load, no 16-bit copy); the rest (F32 / F16 tensors, types without a
-kernel, the embedding and the LM head) load dequantized in the model dtype, as from the
-converted copy.
+(repacked once as they load, no 16-bit copy), and so do an untied model's LM head (the GGUF
+kernel) and embedding (its looked-up rows dequantized); the rest (F32 / F16 tensors, types
+without a kernel, a tied embedding) load dequantized in the model dtype, as from the converted
+copy.
 
 A GGUF picks each tensor's type, so the projections of one fused layer may differ (Qwen2.5's
 attn_v in Q8_0 beside attn_q / attn_k in Q5_0): such a layer keeps one weight per run of equal
@@ -31,6 +32,7 @@ from hotpath.ops.gguf import (
     gguf_linear_silu_and_mul,
     repack,
 )
+from hotpath.ops.gguf.reference import dequantize_rows
 from hotpath.ops.linear import reference as linear_ref
 from hotpath.ops.norm import rms_norm
 
@@ -116,6 +118,12 @@ class GGUFLinearMethod(LinearMethod):
             x = rms_norm(x, rms[1], rms[2])
         return torch.cat([gguf_linear(x, run.weight, self._bias(layer, run), out_dtype=out_dtype)
                           for run in self.runs], dim=-1)
+
+    def embed(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:  # [T, K]
+        """An embedding's lookup: the rows dequantized, in the model dtype (rounded as the 16-bit
+        copy rounds them)."""
+        assert len(self.runs) == 1
+        return dequantize_rows(self.runs[0].weight, input_ids).to(layer.dtype)
 
     def apply_silu_and_mul(self, layer: Linear, x: torch.Tensor, rms: RmsInput | None) -> torch.Tensor:
         assert layer.bias is None, "the fused gate_up projections have no bias"

@@ -245,6 +245,11 @@ def dequantize(w: GGUFWeight) -> torch.Tensor:  # [N, K] float32
     return out.reshape(N, K)
 
 
+def dequantize_rows(w: GGUFWeight, rows: torch.Tensor) -> torch.Tensor:  # [T, K] float32
+    """Rows `rows` [T] of the weight dequantized (an embedding's lookup)."""
+    return dequantize(GGUFWeight(w.fmt, *(t.index_select(0, rows) for t in w.tensors().values())))
+
+
 def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """uint8 [rows, row bytes]: valid GGUF blocks of random weights of about 0.05 in magnitude,
     for tests and benchmarks. The legacy types quantize random values with gguf-py; the K-quants
