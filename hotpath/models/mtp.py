@@ -75,7 +75,6 @@ import torch
 import torch.nn as nn
 
 from hotpath.config import ModelConfig
-from hotpath.layers.attention import SelfAttention
 from hotpath.layers.embedding import LMHead, VocabEmbedding
 from hotpath.layers.linear import Linear
 from hotpath.layers.norm import RMSNorm
