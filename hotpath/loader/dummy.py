@@ -2,7 +2,7 @@
 decode time does not depend on weight values. Quantized layers get random values in their
 checkpoint layout (then converted as a loaded checkpoint is): fp8 weights, positive scales, int4
 words, and GPTQ's g_idx in plain group order; int4 MoE experts, which hold the kernels' layout
-already, zero points 0..15 (uint8).
+already, zero points 0..15 (uint8); a GGUF kept quantized, random codes and scales.
 
 Each parameter's values come from a generator seeded by its name, at the one-rank model's shape:
 under tensor parallelism (`unsharded`: the same model built for one rank, on the meta device, for
@@ -49,8 +49,10 @@ def _random_value(model: nn.Module, name: str, shape: torch.Size, dtype: torch.d
             value.abs_()
     elif dtype.is_floating_point:  # fp8 weights, of unit size (their scales carry std)
         value.copy_(torch.randn(shape, generator=gen, device=device))
-    elif dtype == torch.uint8:  # int4 experts' zero points
+    elif dtype == torch.uint8:  # int4 experts' zero points; GGUF nibbles and scales
         value.random_(0, 16, generator=gen)
+    elif dtype == torch.int8:  # GGUF 8-bit codes
+        value.random_(-128, 128, generator=gen)
     elif name.endswith("g_idx"):  # [projections, K]
         groups = model.get_submodule(name.rpartition(".")[0]).scales.shape[0]
         K = shape[-1]
