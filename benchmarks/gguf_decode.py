@@ -15,6 +15,7 @@ tensor's type and shape, and the model's config), made on the machine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -120,33 +121,39 @@ def kernels(layout_path: str, out: str | None, do_sweep: bool = False) -> None:
             print(f"{qtype:5} [{N:6}, {K:5}] rows {M:3}: gguf {t_q * 1e6:7.1f} us {row['gguf_GBps']:7.0f} GB/s"
                   f" | bf16 {t_bf16 * 1e6:7.1f} us {row['bf16_GBps']:7.0f} GB/s | x{row['speedup_vs_bf16']:.2f}")
     sweep = []
-    if do_sweep:  # tiles at one row and 16, on the layout's first two shapes
+    if do_sweep:  # tiles at one row and 16: each type's largest layer of two types
         from dataclasses import replace
 
         from hotpath.ops.gguf import triton_linear
 
-        for qtype, N, K in shapes[:2]:
+        largest = {}
+        for qtype, N, K in shapes:
+            if N * K > largest.get(qtype, (0, 0, 0))[1] * largest.get(qtype, (0, 0, 0))[2]:
+                largest[qtype] = (qtype, N, K)
+        picked = sorted(largest.values(), key=lambda t: -t[1] * t[2])
+        picked = [next(t for t in picked if t[0] not in ("Q4_K", "Q5_K", "Q6_K")),
+                  next(t for t in picked if t[0] in ("Q4_K", "Q5_K", "Q6_K"))]
+        for qtype, N, K in picked:
             raw = torch.from_numpy(reference.random_blocks(qtype, N, K, rng)).cuda()
             w = reference.repack(reference.FORMATS[qtype], raw, K)
             w_bytes = sum(t.numel() * t.element_size() for t in w.tensors().values())
             for M in (1, 16):
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 base = triton_linear.choose_config(M, N, K, w.fmt.group, x.device)
-                for block_n in (32, 64, 128):
-                    for groups in (1, 2, 4, 8):
-                        for warps, stages in ((4, 3), (4, 4), (8, 3)):
-                            for per_sm in (2, 4, 8):
-                                split = triton_linear.split_for(triton.cdiv(N, block_n), K,
-                                                                w.fmt.group * groups, x.device, per_sm)
-                                cfg = replace(base, block_n=block_n, groups=groups, num_warps=warps,
-                                              num_stages=stages, split_k=split)
-                                try:
-                                    t = _time(lambda: triton_linear.gguf_linear(x, w, config=cfg), 100)
-                                except Exception as e:  # out of shared memory / registers
-                                    print(f"{cfg}: {type(e).__name__}")
-                                    continue
-                                sweep.append({"type": qtype, "N": N, "K": K, "rows": M, "config": str(cfg),
-                                              "us": t * 1e6, "GBps": w_bytes / t / 1e9})
+                paths = ((True, 16), (False, M)) if M <= 4 else ((True, 16),)
+                for (use_dot, block_m), block_n, groups, (warps, stages) in itertools.product(
+                        paths, (64, 128), (2, 4, 8), ((4, 3), (8, 4))):
+                    split = triton_linear.split_for(triton.cdiv(N, block_n), K, w.fmt.group * groups,
+                                                    x.device, triton_linear.GEMV_PROGRAMS_PER_SM)
+                    cfg = replace(base, block_m=block_m, block_n=block_n, groups=groups, num_warps=warps,
+                                  num_stages=stages, split_k=split, use_dot=use_dot)
+                    try:
+                        t = _time(lambda: triton_linear.gguf_linear(x, w, config=cfg), 100)
+                    except Exception as e:  # out of shared memory / registers
+                        print(f"{cfg}: {type(e).__name__}")
+                        continue
+                    sweep.append({"type": qtype, "N": N, "K": K, "rows": M, "config": str(cfg),
+                                  "us": t * 1e6, "GBps": w_bytes / t / 1e9})
                 best = sorted((r for r in sweep if r["rows"] == M and r["type"] == qtype and r["N"] == N),
                               key=lambda r: r["us"])[:5]
                 for r in best:

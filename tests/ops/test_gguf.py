@@ -48,7 +48,8 @@ def test_layout_rejects_bad_blocks():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_interpreter_kernel(name, interpreter, poisoned):
-    """One row and a few (K split in two, the bias), and the GEMM's path over two M tiles."""
+    """One row and a few (K split in two, the bias), the GEMM's path over two M tiles, and the
+    FMA path at one and three rows."""
     from hotpath.ops.gguf import triton_linear
 
     N, K = 40, 512
@@ -57,7 +58,9 @@ def test_interpreter_kernel(name, interpreter, poisoned):
     # K split in two; 3 groups an iteration (the second split's last runs past its groups)
     for M, cfg in ((1, triton_linear.GGUFLinearConfig(16, 16, 2, 4, 1)),
                    (3, triton_linear.GGUFLinearConfig(16, 32, 2, 4, 1, 3)),
-                   (40, triton_linear.GGUFLinearConfig(32, 32, 1, 4, 1, 2))):
+                   (40, triton_linear.GGUFLinearConfig(32, 32, 1, 4, 1, 2)),
+                   (1, triton_linear.GGUFLinearConfig(1, 16, 2, 4, 1, 2, use_dot=False)),
+                   (3, triton_linear.GGUFLinearConfig(4, 32, 1, 4, 1, 1, use_dot=False))):
         x = activations(M, K)
         got = triton_linear.gguf_linear(x, w, bias, config=cfg)
         assert rel_err(got, reference.gguf_linear(x, w, bias)) < TOL[torch.float32], (name, M)

@@ -54,6 +54,7 @@ class GGUFLinearConfig:
     num_warps: int
     num_stages: int
     groups: int = 1  # scale groups an iteration loads (the bytes each pipeline stage holds)
+    use_dot: bool = True  # tensor cores (x's rows padded to block_m >= 16), else FMAs (few rows)
 
 
 def choose_config(M: int, rows: int, K: int, group: int, device: torch.device) -> GGUFLinearConfig:
@@ -124,6 +125,7 @@ def _gguf_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUPS: tl.constexpr,
+    USE_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pdl_launch_dependents(USE_PDL)
@@ -154,11 +156,16 @@ def _gguf_linear_kernel(
             # a split's last iteration may run past its groups ([1]: a mask the loads broadcast)
             valid = tl.full([1], g, tl.int32) < g_end
             k0 = g * G
-            q = _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, valid, BLOCK_N, G, BITS, OFFSET,
-                             dtype)
             x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
                         mask=(rm < M)[:, None] & valid, other=0.0)  # [BLOCK_M, G]
-            part = tl.dot(x, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+            if USE_DOT:
+                q = _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, valid, BLOCK_N, G, BITS,
+                                 OFFSET, dtype)
+                part = tl.dot(x, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+            else:  # one FMA a weight and row, in fp32
+                q = _group_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, valid, BLOCK_N, G, BITS,
+                                 OFFSET, tl.float32)
+                part = tl.sum(x.to(tl.float32)[:, None, :] * q[None, :, :], axis=2)
             s = tl.load(d_ptr + d_rows + g // SUB, mask=valid, other=0.0).to(tl.float32)
             if SUB_SCALES:
                 s *= tl.load(sc_ptr + s_rows + g, mask=valid, other=0).to(tl.float32)
@@ -193,6 +200,7 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
     cfg = config or choose_config(M, rows, K, fmt.group, x.device)
     assert cfg.block_n % 2 == 0 or not gated
     n_tiles = triton.cdiv(rows, cfg.block_n)
+    assert cfg.use_dot or cfg.block_m <= 4, "the FMA path unrolls at most 4 rows"
     m_tiles = triton.cdiv(M, cfg.block_m)
     assert m_tiles == 1 or (not fused and cfg.split_k == 1), "fused forms and splits take one M tile"
     groups = K // fmt.group
@@ -226,6 +234,7 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         GROUPS=cfg.groups,
+        USE_DOT=cfg.use_dot,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
