@@ -99,9 +99,10 @@ class EngineArgs:
                             "quantization_config says, else the model dtype). A quantized "
                             "checkpoint's own method may be named; fp8 on a 16-bit checkpoint "
                             "quantizes it while loading (fp8 weights per output channel, "
-                            "activations per token); gguf: a GGUF's linear layers kept in their "
-                            "GGUF types (the default for a GGUF on a GPU; on the CPU a GGUF "
-                            "runs from a 16-bit copy unless this is given)")
+                            "activations per token); gguf: a GGUF's linear layers (and an untied "
+                            "LM head and embedding) kept in their GGUF types, on the GPU's "
+                            "kernels (without it a GGUF runs from a copy dequantized to the run "
+                            "dtype)")
         g.add_argument("--kv-cache-dtype", default=_Defaults.kv_cache_dtype, choices=list(KV_CACHE_DTYPES),
                        help="the KV cache's dtype: auto = the model dtype; fp8 = e4m3 (e4m3fnuz "
                             "on AMD MI300), half the bytes of bf16 per token, so twice the "

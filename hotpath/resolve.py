@@ -49,7 +49,7 @@ def resolve(args: EngineArgs) -> Resolved:
     backend = _check_parallel(args, device)
     model_dir = resolve_model_dir(args.model)
     model_config = read_config(model_dir)
-    model_config.quantization = _quant_config(model_dir, args.quantization, device)
+    model_config.quantization = _quant_config(model_dir, args.quantization)
     dtype = _resolve_dtype(args.dtype, model_config, device)
     max_positions = model_config.max_position_embeddings
     max_model_len = args.max_model_len or max_positions
@@ -84,9 +84,10 @@ def resolve(args: EngineArgs) -> Resolved:
     return Resolved(args, device, model_dir, model_config, dtype, config, spec, draft, backend)
 
 
-def _quant_config(model_dir: Path, quantization: str | None, device: torch.device) -> QuantConfig | None:
+def _quant_config(model_dir: Path, quantization: str | None) -> QuantConfig | None:
     """The checkpoint's format (read_quant_config); a converted GGUF's linear layers kept in their
-    GGUF types on a GPU or with quantization="gguf", else (the CPU) run from its 16-bit copy."""
+    GGUF types with quantization="gguf", else run from its dequantized copy. (Kept quantized
+    becomes the GPU's default once measured there against the copy: docs/decisions.md.)"""
     from hotpath.loader.gguf import GGUF_LINK
 
     link = model_dir / GGUF_LINK
@@ -98,7 +99,7 @@ def _quant_config(model_dir: Path, quantization: str | None, device: torch.devic
     if quantization not in (None, "gguf"):
         raise ValueError(f"quantization={quantization!r} does not apply to a GGUF model (its "
                          "types are its own): leave it unset or pass 'gguf'")
-    if quantization == "gguf" or device.type == "cuda":
+    if quantization == "gguf":
         from hotpath.layers.quant.gguf import GGUFQuantConfig
 
         return GGUFQuantConfig.from_file(link.resolve())

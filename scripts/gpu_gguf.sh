@@ -23,7 +23,8 @@ if [[ $what == *" models "* ]]; then
   for l in $layouts; do
     timeout 150 python3 benchmarks/gguf_decode.py build benchmarks/gguf_layouts/$l.json /tmp/gguf/$l 2>&1 | tail -2
     for side in gguf bf16; do
-      timeout 200 python3 -m hotpath.cli bench latency --model /tmp/gguf/$l/$side-dir --batch-size 1 8 32 \
+      q=""; [[ $side == gguf ]] && q="--quantization gguf"
+      timeout 200 python3 -m hotpath.cli bench latency --model /tmp/gguf/$l/$side-dir $q --batch-size 1 8 32 \
         --input-len 512 --output-len 128 --json "$OUT/latency_${l}_$side.json" 2>&1 \
         | grep -vE "^\[bench\]|Loading|it/s|tensor/s" | sed "s/^/$side: /"
     done

@@ -1,4 +1,4 @@
-"""A GGUF's linear layers kept in their GGUF types (quantization="gguf", the default on a GPU):
+"""A GGUF's linear layers kept in their GGUF types (quantization="gguf"):
 the whole model on the CPU (the reference ops dequantize each weight as it runs) gives the tokens
 and logprobs of the 16-bit copy's model, in float32, on a tiny Qwen2 GGUF that uses every type
 (tests/tiny_gguf.py); and which runs the resolver gives which format."""
@@ -49,16 +49,15 @@ def test_kept_quantized_matches_the_16bit_copy(gguf_dir):
 
 
 def test_resolver_picks_the_format(gguf_dir, tiny_model_factory):
-    assert _quant_config(gguf_dir, None, torch.device("cpu")) is None  # the 16-bit copy
-    for device, quantization in (("cuda", None), ("cpu", "gguf")):
-        config = _quant_config(gguf_dir, quantization, torch.device(device))
-        assert isinstance(config, GGUFQuantConfig)
-        assert config.types["model.layers.0.mlp.down_proj.weight"] == 14  # Q6_K
+    assert _quant_config(gguf_dir, None) is None  # the dequantized copy, unless asked
+    config = _quant_config(gguf_dir, "gguf")
+    assert isinstance(config, GGUFQuantConfig)
+    assert config.types["model.layers.0.mlp.down_proj.weight"] == 14  # Q6_K
     with pytest.raises(ValueError, match="does not apply to a GGUF"):
-        _quant_config(gguf_dir, "awq", torch.device("cpu"))
+        _quant_config(gguf_dir, "awq")
     hf_dir, _ = tiny_model_factory("qwen2-gqa4-tied")
     with pytest.raises(ValueError, match="needs a GGUF model"):
-        _quant_config(hf_dir, "gguf", torch.device("cpu"))
+        _quant_config(hf_dir, "gguf")
 
 
 def test_float_projections_stay_unquantized(gguf_dir):
@@ -74,8 +73,8 @@ def test_float_projections_stay_unquantized(gguf_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
-    """On a GPU, at every default but the dtype (CUDA graphs, the fused decode chain, the GGUF
-    kernels): in float32 the tokens of the 16-bit copy's model (a plain HF directory of it); in
+    """On a GPU, at every default but the dtype and quantization (CUDA graphs, the fused decode
+    chain, the GGUF kernels): in float32 the tokens of the 16-bit copy's model (a plain HF directory of it); in
     bfloat16 (the kernels multiply exact codes, the copy rounds each weight) the first token's
     top logprob within bf16's rounding."""
     from hotpath.loader.gguf import dequantized_copy
@@ -83,8 +82,9 @@ def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
         plain = dequantized_copy(gguf_dir, dtype, tmp_path / f"plain-{dtype}")
         runs = []
-        for model_dir in (gguf_dir, plain):
-            llm = LLM(str(model_dir), skip_tokenizer_init=True, dtype=str(dtype).removeprefix("torch."))
+        for model_dir, quantization in ((gguf_dir, "gguf"), (plain, None)):
+            llm = LLM(str(model_dir), skip_tokenizer_init=True, dtype=str(dtype).removeprefix("torch."),
+                      quantization=quantization)
             params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
             outs = llm.generate([{"prompt_token_ids": p} for p in ([5, 17, 33, 90, 4], [7, 8])], params,
                                 use_tqdm=False)

@@ -56,7 +56,7 @@ def test_greedy_matches_hf_generate(models):
 
 
 def test_kept_quantized_equals_the_dequantized_copy(models):
-    """The real file kept in its GGUF types (quantization="gguf"; the GPU's default, here through
+    """The real file kept in its GGUF types (quantization="gguf", here through
     the torch reference): every quantized layer (Q5_0 / Q8_0 / Q4_K / Q6_K in the 0.5B model, Q4_1
     in SmolLM2; fused layers of two types; the untied LM head and embedding) dequantizes to the
     float32 copy's weights exactly, and the first token's logprob is the copy model's."""
