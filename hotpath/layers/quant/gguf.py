@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from hotpath.layers.quant.base import LinearMethod, QuantConfig, checkpoint_param, copy_checked
+from hotpath.ops.activation import silu_and_mul
 from hotpath.ops.gguf import (
     FORMATS_BY_ID,
     GGUFFormat,
@@ -65,9 +66,6 @@ class GGUFLinearMethod(LinearMethod):
         assert len(self.formats) == len(layer.output_sizes)
         self.runs = []
         for shard, (fmt, size) in enumerate(zip(self.formats, layer.output_sizes)):
-            if in_features % fmt.block:
-                raise ValueError(f"a {fmt.name} projection needs in_features a multiple of "
-                                 f"{fmt.block}, got {in_features}")
             if self.runs and self.runs[-1].fmt is fmt:
                 run = self.runs[-1]
                 run.shards.append(shard)
@@ -129,8 +127,6 @@ class GGUFLinearMethod(LinearMethod):
         assert layer.bias is None, "the fused gate_up projections have no bias"
         if len(self.runs) == 1:
             return gguf_linear_silu_and_mul(x, self.runs[0].weight, rms=rms)
-        from hotpath.ops.activation import silu_and_mul
-
         return silu_and_mul(self.apply(layer, x, rms, None))
 
     def apply_add_residual(self, layer: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
