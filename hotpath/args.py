@@ -99,8 +99,8 @@ class EngineArgs:
                             "quantization_config says, else the model dtype). A quantized "
                             "checkpoint's own method may be named; fp8 on a 16-bit checkpoint "
                             "quantizes it while loading (fp8 weights per output channel, "
-                            "activations per token); gguf: a GGUF's linear layers (and an untied "
-                            "LM head and embedding) kept in their GGUF types, on the GPU's "
+                            "activations per token); gguf: a GGUF's linear layers, LM head and "
+                            "embedding kept in their GGUF types, on the GPU's "
                             "kernels (without it a GGUF runs from a copy dequantized to the run "
                             "dtype)")
         g.add_argument("--kv-cache-dtype", default=_Defaults.kv_cache_dtype, choices=list(KV_CACHE_DTYPES),

@@ -22,7 +22,7 @@ OUTPUT_TYPE = "Q8_0"  # the untied LM head
 EMBED_TYPE = "Q5_0"  # the embedding, as in Qwen2.5-Coder-0.5B's Q4_K_M file
 
 
-def write_tiny_gguf(path: Path, seed: int = 0) -> None:
+def write_tiny_gguf(path: Path, seed: int = 0, tied: bool = False) -> None:
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -50,34 +50,35 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> None:
             if proj in ("attn_q", "attn_k", "attn_v"):
                 f32(f"{p}{proj}.bias", rows)
     f32("output_norm.weight", HIDDEN, offset=1.0)
-    quant("output.weight", OUTPUT_TYPE, VOCAB, HIDDEN)
+    if not tied:  # a tied model's LM head is its embedding
+        quant("output.weight", OUTPUT_TYPE, VOCAB, HIDDEN)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
 
-def qwen2_config() -> dict:
+def qwen2_config(tied: bool = False) -> dict:
     from transformers import Qwen2Config
 
     config = Qwen2Config(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
         num_hidden_layers=len(LAYER_TYPES), num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+        max_position_embeddings=1024, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
     ).to_dict()
     config["architectures"] = ["Qwen2ForCausalLM"]
     return config
 
 
-def make_tiny_gguf_dir(tmp: Path, monkeypatch) -> Path:
+def make_tiny_gguf_dir(tmp: Path, monkeypatch, tied: bool = False) -> Path:
     """The tiny GGUF converted as hotpath converts any GGUF (config.json from qwen2_config in place
     of transformers' GGUF parsing, which needs a tokenizer in the file), cached under `tmp`."""
     from hotpath.loader import gguf as gguf_loader
 
     def config_only(gguf_path: Path, out: Path) -> None:
-        (out / "config.json").write_text(json.dumps(qwen2_config()))
+        (out / "config.json").write_text(json.dumps(qwen2_config(tied)))
 
     monkeypatch.setattr(gguf_loader, "_write_config_and_tokenizer", config_only)
-    path = tmp / "tiny-qwen2.gguf"
-    write_tiny_gguf(path)
+    path = tmp / f"tiny-qwen2{'-tied' if tied else ''}.gguf"
+    write_tiny_gguf(path, tied=tied)
     return gguf_loader.gguf_to_hf_dir(path, cache_dir=tmp / "cache")

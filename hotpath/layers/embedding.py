@@ -56,6 +56,15 @@ class VocabParallel(nn.Module):
         self.method = method
         method.create_weights(self, self.hidden_size, self.vocab_size)
 
+    def share_method(self, other: VocabParallel) -> None:
+        """Tied to `other`'s matrix in a quantized format: its method and its very parameters."""
+        del self.weight
+        for name, param in other.named_parameters(recurse=False):
+            setattr(self, name, param)
+        for attr in ("in_features", "output_sizes", "output_ranges", "input_range", "bias", "dtype",
+                     "method_probe", "method"):
+            setattr(self, attr, getattr(other, attr))
+
     def checkpoint_tensors(self, prefix: str) -> WeightLoaders:
         return {f"{prefix}.weight": self.weight_loader}
 
@@ -118,8 +127,9 @@ class LMHead(VocabParallel):
     """Computes fp32 logits for the rows that are sampled (not every prefill token): the caller
     passes only those rows, so under tp only they are gathered.
 
-    An untied head that a quantized format stores quantized (a GGUF's output.weight) runs through
-    that format's LinearMethod (`set_method`, on one rank): its parameters and its kernel."""
+    A head that a quantized format stores quantized (a GGUF's output.weight, or a tied model's
+    token_embd) runs through that format's LinearMethod (`set_method` / `share_method`, on one
+    rank): its parameters and its kernel."""
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(vocab_size, hidden_size)

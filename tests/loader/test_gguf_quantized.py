@@ -48,6 +48,21 @@ def test_kept_quantized_matches_the_16bit_copy(gguf_dir):
     assert model.model.embed_tokens.method is not None  # and the untied embedding
 
 
+def test_tied_lm_head_shares_the_quantized_embedding(tmp_path, monkeypatch):
+    """A tied model's LM head runs the GGUF kernel on the embedding's own quantized matrix (one
+    copy of it), with the 16-bit copy's tokens and logprobs."""
+    tied_dir = make_tiny_gguf_dir(tmp_path, monkeypatch, tied=True)
+    _, want = generate(tied_dir)
+    llm, got = generate(tied_dir, quantization="gguf")
+    for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want):
+        assert got_ids == want_ids
+        assert max(abs(a - b) for a, b in zip(got_lps, want_lps)) < 1e-5
+    model = llm.engine.executor.runner.model
+    head, embed = model.lm_head, model.model.embed_tokens
+    assert head.method is embed.method and head.gguf0_codes is embed.gguf0_codes
+    assert [r.fmt.name for r in head.method.runs] == ["Q5_0"]
+
+
 def test_resolver_picks_the_format(gguf_dir, tiny_model_factory):
     assert _quant_config(gguf_dir, None) is None  # the dequantized copy, unless asked
     config = _quant_config(gguf_dir, "gguf")

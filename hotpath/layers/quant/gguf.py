@@ -1,9 +1,9 @@
 """GGUF weights kept quantized: every Linear whose checkpoint tensors a GGUF stores in a supported
 quantized type (hotpath.ops.gguf.FORMATS) holds them in the GGUF layout of hotpath/ops/gguf
-(repacked once as they load, no 16-bit copy), and so do an untied model's LM head (the GGUF
-kernel) and embedding (its looked-up rows dequantized); the rest (F32 / F16 tensors, types
-without a kernel, a tied embedding) load dequantized in the model dtype, as from the converted
-copy.
+(repacked once as they load, no 16-bit copy), and so do the LM head (the GGUF kernel) and the
+embedding (its looked-up rows dequantized; a tied head runs on the embedding's matrix); the rest
+(F32 / F16 tensors, types without a kernel) load dequantized in the model dtype, as from the
+converted copy.
 
 A GGUF picks each tensor's type, so the projections of one fused layer may differ (Qwen2.5's
 attn_v in Q8_0 beside attn_q / attn_k in Q5_0): such a layer keeps one weight per run of equal
