@@ -79,24 +79,40 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(session, config, items):
     """Under --dist loadgroup a test is a unit of work of its own, unless it is in a group:
     tests that share a costly fixture wider than a test run on one worker, which sets it up once.
 
     - the tests of transformers' real GGUF models (hf_gguf_models: a minute or more a model to
       dequantize in Python) are one group;
-    - a module's tests that use a module- or class-scoped fixture are one group (the module's).
+    - a module's tests that use a module- or class-scoped fixture are one group (the module's);
+    - tests/ops/conftest.py puts the tests that wait on the compile children in a group of their own.
 
-    tests/ops/conftest.py puts the compile children's tests in a group of their own first."""
-    if not xdist_worker(config):
-        return
+    xdist 3.8 marks a grouped test by appending "@group" to `item._nodeid`, which pytest 9.2's
+    items no longer read (their node id is `item._id`): the groups were lost, and every test was
+    scheduled on its own. The groups are given here, after every other implementation of this
+    hook (xdist's and the -k / -m deselection included), on whichever attribute holds the id."""
+    result = yield
+    if not (xdist_worker(config) and config.getvalue("loadgroup")):
+        return result
+    from _pytest.nodeid import coerce_node_id
+
     for item in items:
         if item.get_closest_marker("xdist_group"):
-            continue
-        if "hf_gguf_models" in item.fixturenames:
+            pass
+        elif "hf_gguf_models" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("hf_gguf_models"))
-            continue
-        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        if any(d.scope in ("module", "class", "package") for fds in defs.values() for d in fds):
+        elif any(d.scope in ("module", "class", "package")
+                 for fds in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).values()
+                 for d in fds):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            if hasattr(item, "_id"):  # pytest 9.2 and later
+                item._id = coerce_node_id(item.nodeid + suffix)
+            else:
+                item._nodeid = item.nodeid + suffix
+    return result
