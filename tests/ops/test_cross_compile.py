@@ -22,7 +22,9 @@ A case stands for every launch that compiles to its binary: launches are told ap
 compile key, not by their arguments' values (see record). The time is the ~205 distinct compiles
 a target, about 4 CPU minutes each target, which is why the three children start as soon as the
 session has collected its tests and compile beside the rest of the session: this file's tests run
-last (tests/ops/conftest.py), so only what the children have left is waited for.
+last (tests/ops/conftest.py), so only what the children have left is waited for. Under pytest-xdist
+(the default, pyproject.toml) they run first instead, on one worker, which starts the children and
+waits on them while the other worker runs the rest of the session.
 """
 
 from __future__ import annotations
@@ -694,7 +696,7 @@ def compiled(request) -> dict[str, dict[str, dict]]:
     """target -> compile_all(target) for the cases this session runs, from the children
     start_compiling started (now, if collection did not)."""
     start_compiling(request.session.items)
-    return _children.results(timeout=1800)
+    return _children.results(timeout=3600)  # under pytest-xdist its worker waits from the start (~20 min on 2 cores)
 
 
 def test_compiles(compiled, target, label):
