@@ -48,8 +48,8 @@ def test_layout_rejects_bad_blocks():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_interpreter_kernel(name, interpreter, poisoned):
-    """One row and a few (K split in two, the bias), the GEMM's path over two M tiles, and the
-    FMA path at one and three rows."""
+    """The GEMV at one row and a few (K split in two, the bias), its FMA path at one and three
+    rows, and more rows (the weight dequantized, then torch's matmul)."""
     from hotpath.ops.gguf import triton_linear
 
     N, K = 40, 512
@@ -58,12 +58,22 @@ def test_interpreter_kernel(name, interpreter, poisoned):
     # K split in two; 3 groups an iteration (the second split's last runs past its groups)
     for M, cfg in ((1, triton_linear.GGUFLinearConfig(16, 16, 2, 4, 1)),
                    (3, triton_linear.GGUFLinearConfig(16, 32, 2, 4, 1, 3)),
-                   (40, triton_linear.GGUFLinearConfig(32, 32, 1, 4, 1, 2)),
+                   (40, None),
                    (1, triton_linear.GGUFLinearConfig(1, 16, 2, 4, 1, 2, use_dot=False)),
                    (3, triton_linear.GGUFLinearConfig(4, 32, 1, 4, 1, 1, use_dot=False))):
         x = activations(M, K)
         got = triton_linear.gguf_linear(x, w, bias, config=cfg)
         assert rel_err(got, reference.gguf_linear(x, w, bias)) < TOL[torch.float32], (name, M)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_interpreter_dequantize(name, interpreter):
+    """The dequantize kernel (more rows' path) gives the reference's float32 values exactly (rows
+    past a program's tile, groups past K masked)."""
+    from hotpath.ops.gguf import triton_linear
+
+    w = weight(name, 70, 768)
+    assert torch.equal(triton_linear.dequantize(w, torch.float32), reference.dequantize(w))
 
 
 def check_fused_forms(name, M, N, K, dtype, device, tol):
@@ -111,6 +121,17 @@ def test_cuda_gguf_linear(name, M, gpu_triton, poisoned):
     bias = torch.randn(896, device="cuda").to(torch.bfloat16)
     got = ops_gguf.gguf_linear(x, w, bias)
     assert rel_err(got, reference.gguf_linear(x.float(), w, bias.float())) < TOL[torch.bfloat16]
+
+
+@cuda
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_dequantize_is_the_16bit_copy(name, gpu_triton):
+    """In bf16 the dequantize kernel writes the 16-bit copy's very weights (the float32 values
+    rounded once), so more rows compute what the copy's model computes."""
+    from hotpath.ops.gguf import triton_linear
+
+    w = weight(name, 896, 4864, "cuda")
+    assert torch.equal(triton_linear.dequantize(w, torch.bfloat16), reference.dequantize(w).to(torch.bfloat16))
 
 
 @cuda

@@ -1,18 +1,20 @@
 """Linear over GGUF weights kept quantized (reference.py's layout), for every row count.
 
-One kernel, `_gguf_linear_kernel`: a program owns BLOCK_N output features (virtual rows: weight
-rows, or gate/up pairs with GATED) and BLOCK_M rows of x, and walks its split of K a few scale
-groups an iteration (their loads in one pipeline stage). Each group's codes are unpacked from
-their bit planes into exact integers q - offset in x's dtype ([BLOCK_N, G]) and take one dot with
-x's columns (acc [BLOCK_M, BLOCK_N] += x_g @ q_g^T, fp32), times the group's scale s, plus b
-times the sum of x's columns of the group where the format has a min term. So the products are
-those of the exact codes with x as it is, and the reference (dequantize in fp32, multiply in
-fp32) differs by summation order only.
+Few rows (decode, up to GEMV_MAX_ROWS): `_gguf_linear_kernel`. A program owns BLOCK_N output
+features (virtual rows: weight rows, or gate/up pairs with GATED) for x's rows (padded to 16, a
+dot's least; or up to 4 rows on FMAs), and walks its split of K a few scale groups an iteration
+(their loads in one pipeline stage). Each group's codes are unpacked from their bit planes into
+exact integers q - offset in x's dtype ([BLOCK_N, G]) and take one dot with x's columns (acc
+[BLOCK_M, BLOCK_N] += x_g @ q_g^T, fp32), times the group's scale s, plus b times the sum of x's
+columns of the group where the format has a min term. So the products are those of the exact
+codes with x as it is, and the reference (dequantize in fp32, multiply in fp32) differs by
+summation order only. K is split until the GPU is full (a counter's last program reduces the
+splits), and the fused forms of the decode chain run in hotpath.ops.linear.triton_gemv's epilogue
+(bias, silu(gate) * up, add into the residual with each tile's sums of squares).
 
-Few rows (decode, up to GEMV_MAX_ROWS) take one M tile of x's rows padded to 16 (a dot's least),
-K split until the GPU is full (a counter's last program reduces the splits), and the fused forms
-of the decode chain through hotpath.ops.linear.triton_gemv's epilogue (bias, silu(gate) * up,
-add into the residual with each tile's sums of squares); more rows take 64-row M tiles, no split.
+More rows (prefill, large decode batches): `_dequantize_kernel` writes the weight in x's dtype
+(fp32 dequantization rounded once: the 16-bit copy's very values) and the matmul is torch's
+(cuBLAS on a GPU): at many rows the matmul's time dwarfs one pass over the weight.
 """
 
 from __future__ import annotations
@@ -58,11 +60,11 @@ class GGUFLinearConfig:
 
 
 def choose_config(M: int, rows: int, K: int, group: int, device: torch.device) -> GGUFLinearConfig:
-    if M <= GEMV_MAX_ROWS:
-        block_n, groups = 64, 4
-        split = split_for(triton.cdiv(rows, block_n), K, group * groups, device, GEMV_PROGRAMS_PER_SM)
-        return GGUFLinearConfig(DOT_BLOCK_M, block_n, split, 4, 3, groups)
-    return GGUFLinearConfig(64, 64, 1, 4, 3, 2)
+    """The few-rows kernel's tiles: 64 rows, 4 groups an iteration, 3 stages, K split until there
+    are GEMV_PROGRAMS_PER_SM programs an SM."""
+    block_n, groups = 64, 4
+    split = split_for(triton.cdiv(rows, block_n), K, group * groups, device, GEMV_PROGRAMS_PER_SM)
+    return GGUFLinearConfig(DOT_BLOCK_M, block_n, split, 4, 3, groups)
 
 
 @triton.jit
@@ -131,11 +133,6 @@ def _gguf_linear_kernel(
     pdl_launch_dependents(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    # an M tile's rows of x and of the output (the fused forms and splits have one M tile)
-    x_ptr += pid_m.to(tl.int64) * BLOCK_M * stride_xm
-    out_ptr += pid_m.to(tl.int64) * BLOCK_M * stride_om
-    M -= pid_m * BLOCK_M
     rv, w_row, rows_total = _virtual_rows(pid_n, N, BLOCK_N, GATED)
     w_row = w_row.to(tl.int64)
     c_rows = w_row * stride_c
@@ -188,21 +185,17 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
     fmt = w.fmt
     rows, K = w.shape
     check_shape(fmt, rows, K)
-    fused = gated or rms is not None or residual is not None
     if rms is not None:
         # normalised by a launch of its own, as the int4 GEMV does
         x = rms_norm(x, rms[1], rms[2])
-    io = gemv_io(x, rows, K, bias, gated, None, residual, out_dtype,
-                 GEMV_MAX_ROWS if fused else None, "the fused GGUF linear")
+    io = gemv_io(x, rows, K, bias, gated, None, residual, out_dtype, GEMV_MAX_ROWS, "the GGUF GEMV")
     if io.done:
         return io.out.view(*x.shape[:-1], io.N), None
     x2, out, M, N = io.x2, io.out, io.M, io.N
     cfg = config or choose_config(M, rows, K, fmt.group, x.device)
     assert cfg.block_n % 2 == 0 or not gated
     n_tiles = triton.cdiv(rows, cfg.block_n)
-    assert cfg.use_dot or cfg.block_m <= 4, "the FMA path unrolls at most 4 rows"
-    m_tiles = triton.cdiv(M, cfg.block_m)
-    assert m_tiles == 1 or (not fused and cfg.split_k == 1), "fused forms and splits take one M tile"
+    assert M <= cfg.block_m and (cfg.use_dot or cfg.block_m <= 4), "one tile of x's rows (FMAs: up to 4)"
     groups = K // fmt.group
     # a split's groups: whole iterations of cfg.groups but the last split's
     per_split = triton.cdiv(triton.cdiv(groups, max(1, min(cfg.split_k, groups))), cfg.groups) * cfg.groups
@@ -214,7 +207,7 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
         partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
     stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
     use_pdl = pdl_enabled(x.device)
-    _gguf_linear_kernel[(n_tiles, split, m_tiles)](
+    _gguf_linear_kernel[(n_tiles, split)](
         x2, w.codes, w.high, w.d, w.dm, w.sc, w.mc, bias if bias is not None else out, out, partial,
         zeroed_counters("gguf linear split-K", MAX_SPLIT_TILES, x.device),
         stat if stat is not None else out,
@@ -243,11 +236,75 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
     return out.view(*x.shape[:-1], N), stat
 
 
+@triton.jit
+def _dequantize_kernel(
+    codes_ptr, high_ptr, d_ptr, dm_ptr, sc_ptr, mc_ptr,  # the layout, as _gguf_linear_kernel's
+    out_ptr,  # [N, K] in the output dtype
+    N,
+    K,
+    stride_c,
+    stride_h,
+    stride_d,
+    stride_s,
+    stride_o,
+    BITS: tl.constexpr,
+    G: tl.constexpr,
+    SUB: tl.constexpr,
+    OFFSET: tl.constexpr,
+    SUB_SCALES: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_row = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N read row N - 1, never stored
+    rk = tl.arange(0, G)
+    for j in tl.static_range(GROUPS):
+        g = tl.program_id(1) * GROUPS + j
+        valid = tl.full([1], g, tl.int32) < K // G
+        q = _group_codes(codes_ptr, high_ptr, w_row * stride_c, w_row * stride_h, g * G, valid,
+                         BLOCK_N, G, BITS, OFFSET, tl.float32)
+        s = tl.load(d_ptr + w_row * stride_d + g // SUB, mask=valid, other=0.0).to(tl.float32)
+        if SUB_SCALES:
+            s *= tl.load(sc_ptr + w_row * stride_s + g, mask=valid, other=0).to(tl.float32)
+        w = q * s[:, None]
+        if HAS_MIN:
+            b = tl.load(dm_ptr + w_row * stride_d + g // SUB, mask=valid, other=0.0).to(tl.float32)
+            if SUB_SCALES:
+                b *= tl.load(mc_ptr + w_row * stride_s + g, mask=valid, other=0).to(tl.float32)
+            w += b[:, None]
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_o + (g * G + rk)[None, :],
+                 w.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & valid)
+
+
+def dequantize(w: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:  # [N, K]
+    """The weight in `dtype`: reference.dequantize's float32 values, rounded once."""
+    fmt = w.fmt
+    N, K = w.shape
+    out = torch.empty(N, K, dtype=dtype, device=w.codes.device)
+    block_n, groups = 64, 4
+    grid = (triton.cdiv(N, block_n), triton.cdiv(K // fmt.group, groups))
+    _dequantize_kernel[grid](
+        w.codes, w.high, w.d, w.dm, w.sc, w.mc, out, N, K, w.codes.stride(0), max(1, w.high.stride(0)),
+        w.d.stride(0), max(1, w.sc.stride(0)), out.stride(0),
+        BITS=fmt.bits, G=fmt.group, SUB=fmt.sub, OFFSET=fmt.offset, SUB_SCALES=fmt.sub_scales,
+        HAS_MIN=fmt.has_min, BLOCK_N=block_n, GROUPS=groups, num_warps=4)
+    return out
+
+
 def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None,
                 rms: RmsInput | None = None, out_dtype: torch.dtype | None = None,
                 config: GGUFLinearConfig | None = None) -> torch.Tensor:  # [..., N]
-    """x @ W^T (+ bias), any number of rows (`rms=`: up to GEMV_MAX_ROWS)."""
-    return _launch(x, w, bias, config, rms=rms, out_dtype=out_dtype)[0]
+    """x @ W^T (+ bias): the GEMV up to GEMV_MAX_ROWS rows (`rms=` there only), else the weight
+    dequantized into x's dtype and torch's matmul."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows <= GEMV_MAX_ROWS:
+        return _launch(x, w, bias, config, rms=rms, out_dtype=out_dtype)[0]
+    assert rms is None, "rms= is for the few-rows path"
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[-1]} features but the weight has {w.shape[1]}")
+    out = torch.nn.functional.linear(x, dequantize(w, x.dtype), bias)
+    return out if out_dtype is None else out.to(out_dtype)
 
 
 def gguf_linear_silu_and_mul(x: torch.Tensor, w: GGUFWeight, rms: RmsInput | None = None,
