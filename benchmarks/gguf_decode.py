@@ -141,10 +141,11 @@ def kernels(layout_path: str, out: str | None, do_sweep: bool = False) -> None:
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 base = triton_linear.choose_config(M, N, K, w.fmt.group, x.device)
                 paths = ((True, 16), (False, M)) if M <= 4 else ((True, 16),)
-                for (use_dot, block_m), block_n, groups, (warps, stages) in itertools.product(
-                        paths, (64, 128), (2, 4, 8), ((4, 3), (8, 4))):
-                    split = triton_linear.split_for(triton.cdiv(N, block_n), K, w.fmt.group * groups,
-                                                    x.device, triton_linear.GEMV_PROGRAMS_PER_SM)
+                for (use_dot, block_m), block_n, groups, (warps, stages), per_sm in itertools.product(
+                        paths, (16, 32, 64, 128), (2, 4, 8), ((4, 3), (8, 4)), (0, 2, 4)):
+                    # per_sm 0: no K split
+                    split = 1 if per_sm == 0 else triton_linear.split_for(
+                        triton.cdiv(N, block_n), K, w.fmt.group * groups, x.device, per_sm)
                     cfg = replace(base, block_m=block_m, block_n=block_n, groups=groups, num_warps=warps,
                                   num_stages=stages, split_k=split, use_dot=use_dot)
                     try:

@@ -41,6 +41,7 @@ from hotpath.ops.triton_utils import (
     pdl_launch,
     pdl_launch_dependents,
     pdl_wait,
+    sm_count,
     zeroed_counters,
 )
 
@@ -60,10 +61,15 @@ class GGUFLinearConfig:
 
 
 def choose_config(M: int, rows: int, K: int, group: int, device: torch.device) -> GGUFLinearConfig:
-    """The few-rows kernel's tiles: 64 rows, 4 groups an iteration, 3 stages, K split until there
-    are GEMV_PROGRAMS_PER_SM programs an SM."""
-    block_n, groups = 64, 4
-    split = split_for(triton.cdiv(rows, block_n), K, group * groups, device, GEMV_PROGRAMS_PER_SM)
+    """The few-rows kernel's tiles: 4 groups an iteration, 3 stages; the widest row tile (64, 32
+    or 16 rows) that still gives two programs an SM, and K split only where the row tiles alone
+    leave SMs idle: a split's reduction is a fixed cost, and splitting to four programs an SM left
+    the 0.5B model's layers one iteration a program (docs/decisions.md)."""
+    groups = 4
+    sms = sm_count(device)
+    block_n = next((b for b in (64, 32) if triton.cdiv(rows, b) >= 2 * sms), 16)
+    n_tiles = triton.cdiv(rows, block_n)
+    split = 1 if n_tiles >= sms else split_for(n_tiles, K, group * groups, device, GEMV_PROGRAMS_PER_SM)
     return GGUFLinearConfig(DOT_BLOCK_M, block_n, split, 4, 3, groups)
 
 
