@@ -150,7 +150,8 @@ def _gguf_linear_kernel(
     dtype = x_ptr.dtype.element_ty
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, K // G)
-    # the weights are written by no kernel: PDL's wait can come after their first loads
+    # (the weights are written by no kernel: their first loads could come before the wait, as
+    # the int4 GEMV's do; not yet here)
     pdl_wait(USE_PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for g0 in range(g_start, g_end, GROUPS):
