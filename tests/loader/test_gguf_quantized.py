@@ -29,13 +29,18 @@ def generate(model_dir, **kwargs):
                  for o in outs]
 
 
-def test_kept_quantized_matches_the_16bit_copy(gguf_dir):
-    _, want = generate(gguf_dir)
-    llm, got = generate(gguf_dir, quantization="gguf")
+def kept_matches_copy(model_dir):
+    """The model kept quantized, after checking its greedy tokens and logprobs against the copy's."""
+    _, want = generate(model_dir)
+    llm, got = generate(model_dir, quantization="gguf")
     for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want):
         assert got_ids == want_ids
         assert max(abs(a - b) for a, b in zip(got_lps, want_lps)) < 1e-5
-    model = llm.engine.executor.runner.model
+    return llm.engine.executor.runner.model
+
+
+def test_kept_quantized_matches_the_16bit_copy(gguf_dir):
+    model = kept_matches_copy(gguf_dir)
     methods = {name: m.method for name, m in model.named_modules() if isinstance(m, Linear)}
     assert len(methods) == 4 * len(LAYER_TYPES)
     assert all(isinstance(m, GGUFLinearMethod) for m in methods.values())
@@ -51,13 +56,7 @@ def test_kept_quantized_matches_the_16bit_copy(gguf_dir):
 def test_tied_lm_head_shares_the_quantized_embedding(tmp_path, monkeypatch):
     """A tied model's LM head runs the GGUF kernel on the embedding's own quantized matrix (one
     copy of it), with the 16-bit copy's tokens and logprobs."""
-    tied_dir = make_tiny_gguf_dir(tmp_path, monkeypatch, tied=True)
-    _, want = generate(tied_dir)
-    llm, got = generate(tied_dir, quantization="gguf")
-    for (got_ids, got_lps), (want_ids, want_lps) in zip(got, want):
-        assert got_ids == want_ids
-        assert max(abs(a - b) for a, b in zip(got_lps, want_lps)) < 1e-5
-    model = llm.engine.executor.runner.model
+    model = kept_matches_copy(make_tiny_gguf_dir(tmp_path, monkeypatch, tied=True))
     head, embed = model.lm_head, model.model.embed_tokens
     assert head.method is embed.method and head.gguf0_codes is embed.gguf0_codes
     assert [r.fmt.name for r in head.method.runs] == ["Q5_0"]
