@@ -16,7 +16,7 @@ export PYTHONPATH=$PWD:/tmp/site
 what=" $* "
 layouts=${LAYOUTS:-qwen2.5-coder-0.5b-instruct-q4_k_m qwen2.5-coder-1.5b-instruct-q4_k_m}
 if [[ $what == *" tests "* ]]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/ops/test_gguf.py \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short tests/ops/test_gguf_kernel.py \
     tests/loader/test_gguf_quantized.py -k cuda 2>&1 | tee "$OUT/pytest_gguf.log" | tail -15
 fi
 if [[ $what == *" models "* ]]; then
