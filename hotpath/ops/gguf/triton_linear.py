@@ -32,6 +32,7 @@ from hotpath.ops.linear.triton_gemv import (
     MAX_SPLIT_TILES,
     _store_or_reduce,
     _virtual_rows,
+    gemv_buffers,
     gemv_io,
     split_for,
 )
@@ -207,12 +208,7 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
     # a split's groups: whole iterations of cfg.groups but the last split's
     per_split = triton.cdiv(triton.cdiv(groups, max(1, min(cfg.split_k, groups))), cfg.groups) * cfg.groups
     split = triton.cdiv(groups, per_split)
-    partial = out
-    if split > 1:
-        if n_tiles > MAX_SPLIT_TILES:
-            raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
-        partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
-    stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
+    partial, stat = gemv_buffers(split, n_tiles, M, rows, out, residual is not None)
     use_pdl = pdl_enabled(x.device)
     _gguf_linear_kernel[(n_tiles, split)](
         x2, w.codes, w.high, w.d, w.dm, w.sc, w.mc, bias if bias is not None else out, out, partial,

@@ -428,6 +428,19 @@ class GemvIO:
     eps: float
 
 
+def gemv_buffers(split: int, n_tiles: int, M: int, rows: int, out: torch.Tensor, residual: bool,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A GEMV launch's work buffers: fp32 partial sums [split, M, rows] (`out` itself, unused,
+    where K is not split) and with a residual the new rows' sums of squares [n_tiles, M] fp32."""
+    partial = out
+    if split > 1:
+        if n_tiles > MAX_SPLIT_TILES:
+            raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
+        partial = torch.empty((split, M, rows), dtype=torch.float32, device=out.device)
+    stat = torch.empty((n_tiles, M), dtype=torch.float32, device=out.device) if residual else None
+    return partial, stat
+
+
 def gemv_io(x: torch.Tensor, rows: int, weight_k: int, bias: torch.Tensor | None, gated: bool,
             rms: RmsInput | None, residual: torch.Tensor | None, out_dtype: torch.dtype | None,
             max_rows: int | None = None, what: str = "the GEMV") -> GemvIO:
@@ -489,12 +502,7 @@ def _launch(x, weight, bias, config: GemvConfig | None, gated: bool = False,
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.block_k), cfg.split_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)
     counters = _counters(x.device)
-    partial = out
-    if split > 1:
-        if n_tiles > MAX_SPLIT_TILES:
-            raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
-        partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
-    stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
+    partial, stat = gemv_buffers(split, n_tiles, M, rows, out, residual is not None)
     use_pdl = pdl_enabled(x.device)
     _gemv_kernel[(n_tiles, split)](
         x2, weight, bias if bias is not None else out, out, partial, counters,

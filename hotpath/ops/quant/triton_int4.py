@@ -67,6 +67,7 @@ from hotpath.ops.linear.triton_gemv import (
     MAX_SPLIT_TILES,
     _store_or_reduce,
     _virtual_rows,
+    gemv_buffers,
     gemv_io,
     split_for,
 )
@@ -478,12 +479,7 @@ def _launch_gemv(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None,
     tiles = K // 8 // cfg.block_w
     w_per_split = triton.cdiv(tiles, max(1, min(cfg.split_k, tiles))) * cfg.block_w
     split = triton.cdiv(K // 8, w_per_split)
-    partial = out
-    if split > 1:
-        if n_tiles > MAX_SPLIT_TILES:
-            raise ValueError(f"split-K takes at most {MAX_SPLIT_TILES} N tiles, got {n_tiles}")
-        partial = torch.empty((split, M, rows), dtype=torch.float32, device=x.device)
-    stat = torch.empty((n_tiles, M), dtype=torch.float32, device=x.device) if residual is not None else None
+    partial, stat = gemv_buffers(split, n_tiles, M, rows, out, residual is not None)
     use_pdl = pdl_enabled(x.device)
     _int4_gemv_kernel[(n_tiles, split)](
         x2, w.data, w.scales, w.zeros, w.perm if w.perm is not None else w.data,
