@@ -1,11 +1,12 @@
-"""Quantized linear kernels against bf16 at Qwen3-8B's projection shapes, on one GPU.
+"""Quantized linear kernels against bf16 at Qwen3-8B's and Qwen2.5-Coder-32B's projection shapes,
+on one GPU.
 
-For each projection (qkv, o, gate_up, down) and 1, 16 and 8192 rows: the bf16 op the engine runs
+For each projection (qkv, o, gate_up, down) and 1, 4, 16, 32 and 64 rows (--rows): the bf16 op the engine runs
 (hotpath.ops.linear: the Triton GEMV or cuBLAS), fp8 per-channel (PTPC), fp8 128x128 blocks and
 int4 (AWQ layout, groups of 128) through hotpath.ops.quant. Each is checked against its reference
-first, then timed (CUDA graphs of 20 calls for the few-row cases, triton.testing.do_bench for
-8192 rows; medians). Reported: microseconds, GB/s of the bytes stored (weight + scales + zeros;
-the bandwidth a GEMV must approach), TFLOP/s for the 8192-row GEMMs, and the device-to-device copy
+first, then timed (CUDA graphs of 20 calls up to 64 rows, triton.testing.do_bench for more;
+medians). Reported: microseconds, GB/s of the bytes stored (weight + scales + zeros; the
+bandwidth a decode kernel must approach), TFLOP/s past 64 rows, and the device-to-device copy
 bandwidth measured in the same run (bytes read + written).
 
     python benchmarks/bench_quant_gemv.py --out $OUT     # writes $OUT/bench_quant_gemv.json
@@ -33,8 +34,9 @@ from hotpath.ops import linear, quant
 from hotpath.ops.quant import reference
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
-ROWS = (1, 16, 8192)
 GROUP = 128
+# row counts timed as CUDA graphs of 20 calls (decode sizes), more with do_bench
+GRAPH_ROWS = 64
 
 
 def make_weights(N: int, K: int, device: str) -> dict[str, tuple]:
@@ -68,7 +70,7 @@ def make_weights(N: int, K: int, device: str) -> dict[str, tuple]:
 
 
 def time_us(fn, rows: int) -> float:
-    if rows <= quant.GEMV_MAX_ROWS:
+    if rows <= GRAPH_ROWS:
         fn()
         torch.cuda.synchronize()
         stream = torch.cuda.Stream()
@@ -218,35 +220,47 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--sweep", action="store_true", help="time int4 tile candidates instead")
     parser.add_argument("--models", nargs="+", default=["qwen3-8b", "qwen2.5-coder-32b"],
-                        help="the sweep's shapes: qwen3-8b, qwen2.5-coder-32b")
+                        help="the shapes: qwen3-8b, qwen2.5-coder-32b")
     parser.add_argument("--fused-forms", action="store_true",
                         help="time the int4 GEMV's fused decode forms at Qwen2.5-Coder-32B's shapes instead")
-    parser.add_argument("--rows", nargs="+", type=int, default=[1, 16, 8192],
-                        help="the sweep's row counts (up to 16: the GEMV; more: the GEMM)")
+    parser.add_argument("--rows", nargs="+", type=int, default=None,
+                        help="row counts (default 1 4 16 32 64; the sweep's 1 16 8192: up to "
+                             "quant.GEMV_MAX_ROWS the int4 GEMV, more the GEMM)")
+    parser.add_argument("--once", action="store_true",
+                        help="run each case once, untimed, after a warm-up call (for ncu's kernel profiles)")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
     if args.fused_forms:
         fused_forms(args.out)
         return
     if args.sweep:
-        sweep(args.out, args.models, args.rows)
+        sweep(args.out, args.models, args.rows or [1, 16, 8192])
         return
     device = "cuda"
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "triton": triton.__version__,
               "copy_GBps": copy_bandwidth(), "cases": []}
-    for name, (N, K) in SHAPES.items():
+    shapes = [(m, p, nk) for m, table in (("qwen3-8b", SHAPES), ("qwen2.5-coder-32b", SHAPES_32B))
+              if m in args.models for p, nk in table.items()]
+    for model, name, (N, K) in shapes:
         for fmt, (op, ref, nbytes) in make_weights(N, K, device).items():
-            for rows in ROWS:
+            for rows in args.rows or [1, 4, 16, 32, 64]:
                 x = torch.randn(rows, K, device=device, dtype=torch.bfloat16)
+                if args.once:
+                    op(x)
+                    torch.cuda.synchronize()
+                    torch.cuda.nvtx.range_push(f"{model} {name} {fmt} {rows}")
+                    op(x)
+                    torch.cuda.nvtx.range_pop()
+                    continue
                 err = None
                 if ref is not None:
                     want = ref(x).double()
                     err = float((op(x).double() - want).norm() / want.norm())
                 us = time_us(lambda: op(x), rows)
-                case = {"proj": name, "N": N, "K": K, "format": fmt, "rows": rows, "us": us,
+                case = {"model": model, "proj": name, "N": N, "K": K, "format": fmt, "rows": rows, "us": us,
                         "bytes": nbytes, "GBps": nbytes / us / 1e3, "rel_err": err}
-                if rows > quant.GEMV_MAX_ROWS:
+                if rows > GRAPH_ROWS:
                     case["TFLOPs"] = 2 * rows * N * K / us / 1e6
                 result["cases"].append(case)
     os.makedirs(args.out, exist_ok=True)
@@ -254,9 +268,9 @@ def main() -> None:
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print(f"{result['device']}: copy {result['copy_GBps']:.0f} GB/s (read + written)")
-    print(f"{'proj':8} {'format':10} {'rows':>5} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'rel_err':>8}")
+    print(f"{'model':18} {'proj':8} {'format':10} {'rows':>5} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'rel_err':>8}")
     for c in result["cases"]:
-        print(f"{c['proj']:8} {c['format']:10} {c['rows']:5d} {c['us']:9.1f} {c['GBps']:7.0f} "
+        print(f"{c['model']:18} {c['proj']:8} {c['format']:10} {c['rows']:5d} {c['us']:9.1f} {c['GBps']:7.0f} "
               f"{c.get('TFLOPs', 0):8.1f} {c['rel_err'] if c['rel_err'] is not None else 0:8.1e}")
     print(f"wrote {path}")
 

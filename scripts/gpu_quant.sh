@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Issue 21's GPU checks and figures (quantization), for a few device calls:
 #   tests    the quantized kernels, the fp8 KV cache paths and the prefill conv on the GPU
-#   gemv     benchmarks/bench_quant_gemv.py: each format's kernels at Qwen3-8B's projection shapes
+#   int4     the int4 kernels' and the AWQ model's GPU tests only
+#   gemv     benchmarks/bench_quant_gemv.py: each format's kernels at Qwen3-8B's and
+#            Qwen2.5-Coder-32B's projection shapes, 1 / 4 / 16 / 32 / 64 rows, against bf16
+#   ncu      Nsight Compute's speed-of-light, occupancy and warp-state sections of each format's
+#            kernels at one row (NCU_ROWS) at both models' shapes
 #   dense    hotpath bench latency at every engine default, random weights: Qwen3-8B bf16, fp8 block
 #            and fp8 PTPC at batch 1 and 32, and their 8K-token prefill
 #   awq      Qwen2.5-Coder-32B AWQ int4 at batch 1 and 32 (and its float16 original at batch 1)
@@ -9,7 +13,7 @@
 #   kv       Qwen3-8B at batch 32 with 8K contexts, bf16 KV against fp8 KV
 #   serve    Qwen2.5-Coder-32B AWQ through `hotpath serve`: ShareGPT prompts, 32 at a time (needs
 #            .whl/ and .gpu_assets/ carried, see scripts/gpu_serve_sharegpt.sh)
-# Usage: bash scripts/gpu_quant.sh [tests] [gemv] [dense] [awq] [moe] [kv] [serve]
+# Usage: bash scripts/gpu_quant.sh [tests] [int4] [gemv] [ncu] [dense] [awq] [moe] [kv] [serve]
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/hotpath-gpu}
@@ -25,8 +29,20 @@ if [[ $what == *" tests "* ]]; then
     ${QUANT_TESTS:-} -k "${QUANT_K:-cuda}" 2>&1 \
     | tee "$OUT/pytest_quant.log" | tail -40
 fi
+if [[ $what == *" int4 "* ]]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -n 8 -rf --tb=short tests/ops/test_quant_int4.py \
+    tests/layers/test_quant_loaders.py -k cuda 2>&1 | tee "$OUT/pytest_int4.log" | tail -20
+fi
 if [[ $what == *" gemv "* ]]; then
-  timeout 200 python3 benchmarks/bench_quant_gemv.py --out "$OUT" 2>&1 | tee "$OUT/bench_quant_gemv.log" | tail -40
+  timeout 300 python3 benchmarks/bench_quant_gemv.py --out "$OUT" 2>&1 | tee "$OUT/bench_quant_gemv.log" | tail -170
+fi
+if [[ $what == *" ncu "* ]]; then
+  timeout 240 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats -k "regex:gemv|int4|fp8|gemm" \
+    python3 benchmarks/bench_quant_gemv.py --once --rows ${NCU_ROWS:-1} --out /tmp/ncu-scratch \
+    > "$OUT/ncu_quant.txt" 2>&1
+  grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots|Stall|cycles being stalled" \
+    "$OUT/ncu_quant.txt" | head -150
 fi
 if [[ $what == *" dense "* ]]; then
   for p in ${DENSE_PRESETS:-qwen3-8b qwen3-8b-fp8 qwen3-8b-fp8-ptpc}; do

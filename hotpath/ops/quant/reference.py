@@ -34,8 +34,9 @@ import torch
 from hotpath.ops.linear import reference as linear_ref
 from hotpath.ops.linear.reference import RmsInput
 
-# Rows up to this run the weight-only GEMV path; more rows the GEMM path (x quantized for fp8)
-GEMV_MAX_ROWS = 16
+# int4: rows up to this run the GEMV (each weight read once for every row, K split across the
+# SMs, the decode chain's fused forms); more rows the GEMM
+GEMV_MAX_ROWS = 64
 # fp8 weights take the weight-only GEMV up to this many rows only: from 3 rows x quantized to
 # fp8 and the fp8 x fp8 GEMM are faster
 FP8_GEMV_MAX_ROWS = 2

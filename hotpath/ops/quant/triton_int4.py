@@ -1,10 +1,10 @@
 """Linear over int4 weights (AWQ, GPTQ) on the tensor cores, for every row count: a GEMV for a
-few rows (decode, 1..16, with the fused forms of hotpath.ops.linear) and a GEMM for more.
+few rows (decode, 1..64, with the fused forms of hotpath.ops.linear) and a GEMM for more.
 
 Why tensor cores even at one row: at HBM speed an FMA path that spends four operations a nibble
 (shift, mask, convert, FMA) is bound by its ALUs well below the bandwidth (docs/decisions.md,
 quantization). Here a nibble costs ~1.4 operations and the multiply-adds go to the tensor cores
-(x's rows padded to 16, the least a dot takes).
+(x's rows padded to 16, the least a dot takes, or to 32 / 64).
 
 The layout (reference.py has it in full): `qweight` int32 [N, K / 8] whose stored columns are cut
 in superblocks of 8S columns (S = reference.int4_slice_width(K, G): 16 for groups up to 128, so
@@ -32,7 +32,7 @@ The GEMV (`_int4_gemv_kernel`): a program owns BLOCK_N output features (virtual 
 or gate/up pairs with GATED) and one split of K, walks it in W-word tiles (pipelined through
 shared memory, num_stages), and ends with hotpath.ops.linear.triton_gemv's epilogue (`_store_out`:
 bias, silu(gate) * up, add into the residual with each tile's sums of squares). Its dots are
-transposed, x's 16 padded rows as M (acc [16, BLOCK_N] += x_j @ q_j^T): Triton then uses
+transposed, x's padded rows as M (acc [BLOCK_M, BLOCK_N] += x_j @ q_j^T): Triton then uses
 mma.sync, both operands in registers, where a 64-row weight operand got Hopper's warpgroup MMA,
 waited out after each 64 x 16 x 16 product (8 waits and fences a tile). The next tile's scales
 and zero points load a tile ahead (they are too small for the pipeliner's asynchronous copies,
@@ -73,6 +73,7 @@ from hotpath.ops.linear.triton_gemv import (
 )
 from hotpath.ops.norm.triton import rms_norm
 from hotpath.ops.quant import reference
+from hotpath.ops.quant.reference import GEMV_MAX_ROWS
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch,
@@ -108,13 +109,19 @@ class Int4GemmConfig:
     asm: bool | None = None
 
 
+def gemv_block_m(M: int) -> int:
+    """x's rows padded for the GEMV's dots: 16 (the least a dot takes), 32 or 64."""
+    return max(DOT_BLOCK_M, triton.next_power_of_2(M))
+
+
 def choose_gemv_config(M: int, rows: int, K: int, slice_width: int,
                        device: torch.device) -> Int4GemvConfig:
-    """Tiles for M <= 16 rows of a [rows, K] weight: 128 rows x 16 words, 4 warps (8 warps leave
-    x's 16 x 16 slices too small for asynchronous copies), 3 stages in flight, K split until
-    there are GEMV_PROGRAMS_PER_SM programs an SM. Every row count takes the same tile: the dot
-    pads x to 16 rows anyway (docs/decisions.md, quantization)."""
-    block_w, block_n = MIN_SLICE, 128
+    """Tiles for M <= GEMV_MAX_ROWS rows of a [rows, K] weight: 128 rows x 16 words (64 rows
+    past 32 rows of x, the accumulator's registers), 4 warps (8 warps leave x's 16 x 16 slices
+    too small for asynchronous copies), 3 stages in flight, K split until there are
+    GEMV_PROGRAMS_PER_SM programs an SM. Up to 16 rows the tile is the same: the dot pads x to 16
+    rows anyway (docs/decisions.md, quantization)."""
+    block_w, block_n = MIN_SLICE, 128 if M <= 32 else 64
     split = split_for(triton.cdiv(rows, block_n), K // 8, block_w, device, GEMV_PROGRAMS_PER_SM)
     return Int4GemvConfig(block_n, block_w, split, 4, 3)
 
@@ -248,7 +255,7 @@ def _tile_dots(q, ss, xs, acc, SLICE: tl.constexpr, GROUP: tl.constexpr,
 def _tile_dots_t(q, ss, xs, acc, SLICE: tl.constexpr, GROUP: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
     """The GEMV's, transposed: acc [C, R] += sum over slices j of ss[j] * (xs[j] [C, W] @ q[j]
-    [W, R]) (x's 16 padded rows as the dot's M: mma.sync, whose operands are registers, rather
+    [W, R]) (x's padded rows as the dot's M: mma.sync, whose operands are registers, rather
     than a warpgroup MMA that would wait out each 64 x 16 x 16 product)."""
     JPG: tl.constexpr = min(8, GROUP // SLICE)
     for b in tl.static_range(8 // JPG):
@@ -467,7 +474,7 @@ def _launch_gemv(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None,
     if rms is not None:
         # normalised by a launch of its own: folded into x's slices the GEMV ran far slower
         x = rms_norm(x, rms[1], rms[2])
-    io = gemv_io(x, w.rows, w.K, bias, gated, None, residual, out_dtype, DOT_BLOCK_M,
+    io = gemv_io(x, w.rows, w.K, bias, gated, None, residual, out_dtype, GEMV_MAX_ROWS,
                  "the int4 GEMV")
     if io.done:
         return io.out.view(*x.shape[:-1], io.N), None
@@ -495,7 +502,7 @@ def _launch_gemv(x: torch.Tensor, w: _Weight, bias: torch.Tensor | None,
         SPLIT=split > 1,
         USE_ASM=_use_asm(x, cfg.asm),
         USE_PDL=use_pdl,
-        BLOCK_M=DOT_BLOCK_M,
+        BLOCK_M=gemv_block_m(M),
         BLOCK_N=cfg.block_n,
         BLOCK_W=cfg.block_w,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
@@ -513,7 +520,7 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qz
                 group_size: int, perm: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                 rms: RmsInput | None = None, out_dtype: torch.dtype | None = None,
                 config: Int4GemvConfig | None = None) -> torch.Tensor:  # [..., N]
-    """The GEMV: x @ W^T (+ bias) for up to 16 rows of x."""
+    """The GEMV: x @ W^T (+ bias) for up to GEMV_MAX_ROWS rows of x."""
     return _launch_gemv(x, int4_weight(qweight, scales, qzeros, group_size, perm), bias, config,
                         rms=rms, out_dtype=out_dtype)[0]
 
