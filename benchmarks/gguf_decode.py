@@ -140,14 +140,18 @@ def kernels(layout_path: str, out: str | None, do_sweep: bool = False) -> None:
             for M in (1, 16):
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 base = triton_linear.choose_config(M, N, K, w.fmt.group, x.device)
-                paths = ((True, 16), (False, M)) if M <= 4 else ((True, 16),)
-                for (use_dot, block_m), block_n, groups, (warps, stages), per_sm in itertools.product(
-                        paths, (16, 32, 64, 128), (2, 4, 8), ((4, 3), (8, 4)), (0, 2, 4)):
+                # groups a K tile: filling the dot's 16 rows (block-diagonal below 16 rows of x),
+                # and twice that
+                gpis = sorted({base.gpi, 2 * base.gpi})
+                for gpi, block_n, (warps, stages), per_sm in itertools.product(
+                        gpis, (16, 32, 64, 128), ((4, 3), (8, 3), (4, 2)), (0, 2, 4)):
+                    if block_n * gpi * w.fmt.group > 2 * triton_linear.TILE_CODES:
+                        continue
                     # per_sm 0: no K split
                     split = 1 if per_sm == 0 else triton_linear.split_for(
-                        triton.cdiv(N, block_n), K, w.fmt.group * groups, x.device, per_sm)
-                    cfg = replace(base, block_m=block_m, block_n=block_n, groups=groups, num_warps=warps,
-                                  num_stages=stages, split_k=split, use_dot=use_dot)
+                        triton.cdiv(N, block_n), K, w.fmt.group * gpi, x.device, per_sm)
+                    cfg = replace(base, block_n=block_n, gpi=gpi, num_warps=warps, num_stages=stages,
+                                  split_k=split)
                     try:
                         t = _time(lambda: triton_linear.gguf_linear(x, w, config=cfg), 100)
                     except Exception as e:  # out of shared memory / registers

@@ -48,19 +48,21 @@ def test_layout_rejects_bad_blocks():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_interpreter_kernel(name, interpreter, poisoned):
-    """The GEMV at one row and a few (K split in two, the bias), its FMA path at one and three
-    rows, and more rows (the weight dequantized, then torch's matmul)."""
+    """The GEMV with the bias: one row with 16 groups a tile (one block-diagonal dot; the tile
+    runs past K), three rows with 4 groups a tile and K split in three (the last split ragged),
+    16 and 40 rows a group a tile, the default tiles at 64 rows; more rows (the weight
+    dequantized, then torch's matmul)."""
     from hotpath.ops.gguf import triton_linear
 
-    N, K = 40, 512
+    N, K = 40, 768
     w = weight(name, N, K)
     bias = activations(1, N, seed=9)[0]
-    # K split in two; 3 groups an iteration (the second split's last runs past its groups)
-    for M, cfg in ((1, triton_linear.GGUFLinearConfig(16, 16, 2, 4, 1)),
-                   (3, triton_linear.GGUFLinearConfig(16, 32, 2, 4, 1, 3)),
-                   (40, None),
-                   (1, triton_linear.GGUFLinearConfig(1, 16, 2, 4, 1, 2, use_dot=False)),
-                   (3, triton_linear.GGUFLinearConfig(4, 32, 1, 4, 1, 1, use_dot=False))):
+    for M, cfg in ((1, triton_linear.GGUFLinearConfig(1, 16, 1, 4, 1, 16)),
+                   (3, triton_linear.GGUFLinearConfig(4, 32, 3, 4, 1, 4)),
+                   (16, triton_linear.GGUFLinearConfig(16, 16, 2, 4, 1, 1)),
+                   (40, triton_linear.GGUFLinearConfig(64, 16, 1, 4, 1, 1)),
+                   (64, None),
+                   (70, None)):
         x = activations(M, K)
         got = triton_linear.gguf_linear(x, w, bias, config=cfg)
         assert rel_err(got, reference.gguf_linear(x, w, bias)) < TOL[torch.float32], (name, M)
