@@ -240,6 +240,8 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "triton": triton.__version__,
               "copy_GBps": copy_bandwidth(), "cases": []}
+    print(f"{result['device']}: copy {result['copy_GBps']:.0f} GB/s (read + written)")
+    print(f"{'model':18} {'proj':8} {'format':10} {'rows':>5} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'rel_err':>8}")
     shapes = [(m, p, nk) for m, table in (("qwen3-8b", SHAPES), ("qwen2.5-coder-32b", SHAPES_32B))
               if m in args.models for p, nk in table.items()]
     for model, name, (N, K) in shapes:
@@ -263,15 +265,12 @@ def main() -> None:
                 if rows > GRAPH_ROWS:
                     case["TFLOPs"] = 2 * rows * N * K / us / 1e6
                 result["cases"].append(case)
+                print(f"{model:18} {name:8} {fmt:10} {rows:5d} {us:9.1f} {case['GBps']:7.0f} "
+                      f"{case.get('TFLOPs', 0):8.1f} {err if err is not None else 0:8.1e}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_quant_gemv.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{result['device']}: copy {result['copy_GBps']:.0f} GB/s (read + written)")
-    print(f"{'model':18} {'proj':8} {'format':10} {'rows':>5} {'us':>9} {'GB/s':>7} {'TFLOP/s':>8} {'rel_err':>8}")
-    for c in result["cases"]:
-        print(f"{c['model']:18} {c['proj']:8} {c['format']:10} {c['rows']:5d} {c['us']:9.1f} {c['GBps']:7.0f} "
-              f"{c.get('TFLOPs', 0):8.1f} {c['rel_err'] if c['rel_err'] is not None else 0:8.1e}")
     print(f"wrote {path}")
 
 

@@ -88,11 +88,14 @@ def test_float_projections_stay_unquantized(gguf_dir):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
     """On a GPU, at every default but the dtype and quantization (CUDA graphs, the fused decode
-    chain, the GGUF kernels): in float32 the tokens of the 16-bit copy's model (a plain HF directory of it); in
-    bfloat16 (the kernels multiply exact codes, the copy rounds each weight) the first token's
-    top logprob within bf16's rounding."""
+    chain, the GGUF kernels; two prompts, then 40 at once: the GEMV up to 64 rows): in float32
+    the tokens of the 16-bit copy's model (a plain HF directory of it); in bfloat16 (the kernels
+    multiply exact codes, the copy rounds each weight) the first token's top logprob within
+    bf16's rounding."""
     from hotpath.loader.gguf import dequantized_copy
 
+    g = torch.Generator().manual_seed(3)
+    many = [torch.randint(0, 100, (int(n),), generator=g).tolist() for n in torch.randint(2, 20, (40,), generator=g)]
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
         plain = dequantized_copy(gguf_dir, dtype, tmp_path / f"plain-{dtype}")
         runs = []
@@ -100,9 +103,8 @@ def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
             llm = LLM(str(model_dir), skip_tokenizer_init=True, dtype=str(dtype).removeprefix("torch."),
                       quantization=quantization)
             params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
-            outs = llm.generate([{"prompt_token_ids": p} for p in ([5, 17, 33, 90, 4], [7, 8])], params,
-                                use_tqdm=False)
-            runs.append([o.outputs[0] for o in outs])
+            runs.append([o.outputs[0] for batch in ([[5, 17, 33, 90, 4], [7, 8]], many)
+                         for o in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)])
             del llm
         for got, want in zip(*runs):
             if dtype == torch.float32:
