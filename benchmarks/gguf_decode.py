@@ -10,6 +10,8 @@ tensor's type and shape, and the model's config), made on the machine.
     # there: each distinct linear (type, N, K) of the layout, its kernel's bandwidth (weight bytes /
     # time) at 1..64 rows beside the bf16 linear of the same shape
     python benchmarks/gguf_decode.py kernels benchmarks/gguf_layouts/x.json --json out.json
+    # anywhere (no GPU): what the GEMV compiles to for an H200, each type's largest layer
+    python benchmarks/gguf_decode.py codegen benchmarks/gguf_layouts/x.json
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # int4_codegen, launch_capture (codegen)
 
 from hotpath.loader import gguf as gguf_loader  # noqa: E402
 from hotpath.ops.gguf import reference  # noqa: E402
@@ -168,6 +171,42 @@ def kernels(layout_path: str, out: str | None, do_sweep: bool = False) -> None:
                                          "results": results, "sweep": sweep}, indent=1) + "\n")
 
 
+def codegen(layout_path: str) -> None:
+    """What the GEMV compiles to for an H200 (no GPU needed; benchmarks/int4_codegen.py's facts):
+    each type's largest layer of the layout at 1, 4, 16 and 32 rows with the default tiles."""
+    import contextlib
+
+    import int4_codegen as cg
+    import launch_capture
+
+    from hotpath.ops.gguf import empty_weight
+    from hotpath.ops.gguf import triton_linear
+
+    spec = json.loads(Path(layout_path).read_text())
+    largest: dict[str, tuple[int, int]] = {}
+    for name, qtype, shape in spec["tensors"]:
+        if qtype in reference.FORMATS and shape[0] * shape[1] > np.prod(largest.get(qtype, (0, 0))):
+            largest[qtype] = (shape[0], shape[1])
+    meta = torch.device("meta")
+    with contextlib.ExitStack() as stack:
+        for module in (triton_linear, cg.triton_gemv):
+            stack.enter_context(launch_capture.sms_seen(cg.H200_SMS, module))
+        for qtype, (N, K) in sorted(largest.items()):
+            w = empty_weight(qtype, N, K, meta)
+            for M in (1, 4, 16, 32):
+                cfg = triton_linear.choose_config(M, N, K, w.fmt.group, cg._H200)
+                x = torch.empty(M, K, dtype=torch.bfloat16, device=meta)
+                cap = launch_capture.capture(triton_linear, "_gguf_linear_kernel",
+                                             lambda: triton_linear.gguf_linear(x, w, config=cfg))
+                # stored bytes a program takes an iteration, as the words facts() counts
+                words = cfg.block_n * cfg.gpi * w.fmt.group * w.fmt.bits / 32
+                f = cg.facts(cap, int(words))
+                print(f"{qtype:5} [{N:6}, {K:5}] rows {M:2}: {f['regs']:3} regs, spill {f['spill']}, "
+                      f"{f['loop_instrs']:5} loop instructions, {f['instr_per_B']:6.2f} a byte, "
+                      f"{f['sync_ld_in_loop']} synchronous loads, {f['smem_roundtrip_in_loop']} shared-memory "
+                      f"round trips, {f['BAR']} barriers  {cfg}", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -181,12 +220,16 @@ def main() -> int:
     k.add_argument("layout")
     k.add_argument("--json", default=None)
     k.add_argument("--sweep", action="store_true", help="also time tile configs on two shapes")
+    c = sub.add_parser("codegen", help="what the GEMV compiles to for an H200, on any machine")
+    c.add_argument("layout")
     ns = p.parse_args()
     os.environ.setdefault("HOTPATH_CACHE", "/tmp/hotpath-cache")
     if ns.cmd == "layout":
         layout(ns.gguf, ns.out)
     elif ns.cmd == "build":
         build(ns.layout, ns.out)
+    elif ns.cmd == "codegen":
+        codegen(ns.layout)
     else:
         kernels(ns.layout, ns.json, ns.sweep)
     return 0
