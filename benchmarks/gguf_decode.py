@@ -142,7 +142,7 @@ def kernels(layout_path: str, out: str | None, do_sweep: bool = False) -> None:
             w_bytes = sum(t.numel() * t.element_size() for t in w.tensors().values())
             for M in (1, 16):
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-                base = triton_linear.choose_config(M, N, K, w.fmt.group, x.device)
+                base = triton_linear.choose_config(M, N, K, w.fmt, x.device)
                 # groups a K tile: filling the dot's 16 rows (block-diagonal below 16 rows of x),
                 # and twice that
                 gpis = sorted({base.gpi, 2 * base.gpi})
@@ -175,6 +175,7 @@ def codegen(layout_path: str) -> None:
     """What the GEMV compiles to for an H200 (no GPU needed; benchmarks/int4_codegen.py's facts):
     each type's largest layer of the layout at 1, 4, 16 and 32 rows with the default tiles."""
     import contextlib
+    from dataclasses import replace
 
     import int4_codegen as cg
     import launch_capture
@@ -194,12 +195,15 @@ def codegen(layout_path: str) -> None:
         for qtype, (N, K) in sorted(largest.items()):
             w = empty_weight(qtype, N, K, meta)
             for M in (1, 4, 16, 32):
-                cfg = triton_linear.choose_config(M, N, K, w.fmt.group, cg._H200)
+                # the PTX dequantization, which the host picks on NVIDIA GPUs only (not on meta tensors)
+                cfg = replace(triton_linear.choose_config(M, N, K, w.fmt, cg._H200), asm=True)
                 x = torch.empty(M, K, dtype=torch.bfloat16, device=meta)
-                cap = launch_capture.capture(triton_linear, "_gguf_linear_kernel",
+                kernel = "_gguf_sliced_kernel" if w.fmt.bits < 8 else "_gguf_bytes_kernel"
+                cap = launch_capture.capture(triton_linear, kernel,
                                              lambda: triton_linear.gguf_linear(x, w, config=cfg))
-                # stored bytes a program takes an iteration, as the words facts() counts
-                words = cfg.block_n * cfg.gpi * w.fmt.group * w.fmt.bits / 32
+                # stored code bytes a program takes an iteration, as the words facts() counts
+                cols = triton_linear.RUN if w.fmt.bits < 8 else cfg.gpi * w.fmt.group
+                words = cfg.block_n * cols * w.fmt.bits / 32
                 f = cg.facts(cap, int(words))
                 print(f"{qtype:5} [{N:6}, {K:5}] rows {M:2}: {f['regs']:3} regs, spill {f['spill']}, "
                       f"{f['loop_instrs']:5} loop instructions, {f['instr_per_B']:6.2f} a byte, "

@@ -22,20 +22,25 @@ def weight(name: str, N: int, K: int, device="cpu", seed: int = 0) -> reference.
     return reference.repack(reference.FORMATS[name], torch.from_numpy(raw).to(device), K)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_layout_dequantizes_as_gguf_does(name):
+@pytest.mark.parametrize("name,K", [(n, 768) for n in NAMES] + [(n, 160) for n in NAMES
+                                                                   if reference.FORMATS[n].block == 32])
+def test_layout_dequantizes_as_gguf_does(name, K):
     """Random blocks (random bytes for the K-quants: every field, the packed 6-bit scales too)
-    repacked and dequantized equal gguf-py's float32 dequantization exactly; the layout's bytes
-    a weight are the stored ones (plus the K-quants' unpacked scales)."""
+    repacked and dequantized equal gguf-py's float32 dequantization exactly (K = 160: the sliced
+    codes padded to 256 columns); the layout's bytes a weight are the stored ones (plus the
+    K-quants' unpacked scales) where K needs no padding."""
     fmt = reference.FORMATS[name]
-    N, K = 5, 768
+    N = 5
     raw = reference.random_blocks(name, N, K, np.random.default_rng(1))
     want = gguf.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(N, K)
     w = reference.repack(fmt, torch.from_numpy(raw), K)
     assert w.shape == (N, K)
     assert np.array_equal(reference.dequantize(w).numpy(), want)
-    stored = 8 * fmt.block_bytes / fmt.block
-    assert stored <= w.bits_per_weight() <= stored + (1 / 8 if name in ("Q4_K", "Q5_K") else 0)
+    assert all(t.shape == e.shape and t.dtype == e.dtype for t, e in
+               zip(w.tensors().values(), reference.empty_weight(fmt, N, K).tensors().values()))
+    if K % reference.RUN == 0:
+        stored = 8 * fmt.block_bytes / fmt.block
+        assert stored <= w.bits_per_weight() <= stored + (1 / 8 if name in ("Q4_K", "Q5_K") else 0)
 
 
 def test_layout_rejects_bad_blocks():
@@ -48,24 +53,39 @@ def test_layout_rejects_bad_blocks():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_interpreter_kernel(name, interpreter, poisoned):
-    """The GEMV with the bias: one row with 16 groups a tile (one block-diagonal dot; the tile
-    runs past K), three rows with 4 groups a tile and K split in three (the last split ragged),
-    16 and 40 rows a group a tile, the default tiles at 64 rows; more rows (the weight
-    dequantized, then torch's matmul)."""
+    """The GEMV with the bias at 1-64 rows and more (the weight dequantized, then torch's matmul):
+    4-6-bit codes (the sliced kernel) with K split in three (the last split ragged: 6 runs), at
+    32 rows split in two, and the default tiles; 8-bit codes at one row with 16 groups a tile (one
+    block-diagonal dot, the tile past K), three rows with 4 groups a tile and K split in three,
+    16 and 40 rows a group a tile."""
     from hotpath.ops.gguf import triton_linear
 
     N, K = 40, 768
     w = weight(name, N, K)
     bias = activations(1, N, seed=9)[0]
-    for M, cfg in ((1, triton_linear.GGUFLinearConfig(1, 16, 1, 4, 1, 16)),
-                   (3, triton_linear.GGUFLinearConfig(4, 32, 3, 4, 1, 4)),
-                   (16, triton_linear.GGUFLinearConfig(16, 16, 2, 4, 1, 1)),
-                   (40, triton_linear.GGUFLinearConfig(64, 16, 1, 4, 1, 1)),
-                   (64, None),
-                   (70, None)):
+    Config = triton_linear.GGUFLinearConfig
+    if w.fmt.bits < 8:
+        cases = ((1, Config(16, 16, 3, 4, 1)), (32, Config(32, 32, 2, 4, 1)), (3, None), (64, None), (70, None))
+    else:
+        cases = ((1, Config(1, 16, 1, 4, 1, 16)), (3, Config(4, 32, 3, 4, 1, 4)), (16, Config(16, 16, 2, 4, 1, 1)),
+                 (40, Config(64, 16, 1, 4, 1, 1)), (64, None), (70, None))
+    for M, cfg in cases:
         x = activations(M, K)
         got = triton_linear.gguf_linear(x, w, bias, config=cfg)
         assert rel_err(got, reference.gguf_linear(x, w, bias)) < TOL[torch.float32], (name, M)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if reference.FORMATS[n].block == 32])
+def test_interpreter_padded_runs(name, interpreter, poisoned):
+    """K = 160, not a multiple of 128: the sliced codes' last run is mostly padding (no scale
+    covers it; x's columns past K are never read), at one row with K split in two and at 20."""
+    from hotpath.ops.gguf import triton_linear
+
+    w = weight(name, 24, 160)
+    for M, cfg in ((1, triton_linear.GGUFLinearConfig(16, 16, 2, 4, 1)), (20, None)):
+        x = activations(M, 160)
+        assert rel_err(triton_linear.gguf_linear(x, w, config=cfg), reference.gguf_linear(x, w)) < TOL[torch.float32]
+    assert torch.equal(triton_linear.dequantize(w, torch.float32), reference.dequantize(w))
 
 
 @pytest.mark.parametrize("name", NAMES)

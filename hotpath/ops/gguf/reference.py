@@ -12,16 +12,23 @@ computed in float32 exactly as the `gguf` package (llama.cpp's gguf-py) dequanti
 `dequantize(repack(blocks))` equals gguf's dequantization bit for bit (d * sc and dmin * m are
 exact in float32: an fp16 times a 6- or 8-bit integer).
 
-The layout (`GGUFWeight`), rows [N] and input columns [K] in their natural order:
-    codes  uint8 [N, K / 2]: column 2j in the low nibble of byte j, 2j + 1 in the high one (4-6
-           bit codes: the low 4 bits); int8 [N, K] for 8-bit codes
-    high   uint8 [N, K (bits - 4) / 8]: the bits above the low 4 (5-bit: column 8j + i at bit i of
-           byte j; 6-bit: column 4j + i at bits 2i, 2i + 1); [N, 0] for 4- and 8-bit codes
+The layout (`GGUFWeight`), rows [N] in their natural order, input columns [K] in runs of 128
+(K padded to Kp, a multiple of 128, for the codes only: the padding's codes are 0 and no scale
+covers them):
+    codes  int32 [N, Kp / 8] for 4-6-bit codes (their low 4 bits), sliced as the int4 kernels'
+           layout is (hotpath.ops.quant.reference): nibble j of word i of a 128-column run (16
+           words) holds column 16 j + i of the run, so nibble j of the run's words is 16
+           contiguous columns inside one scale group; int8 [N, K] for 8-bit codes
+    high   the bits above the low 4, a word's worth per code word, in the same order: uint8
+           [N, Kp / 8] (5-bit: the code of nibble j at bit j), int16 [N, Kp / 8] (6-bit: at bits
+           2j, 2j + 1); [N, 0] for 4- and 8-bit codes
     d      fp16 [N, K / (group sub)]           dm  fp16 [N, K / (group sub)] or [N, 0]
     sc     uint8 / int8 [N, K / group] or [N, 0]   mc  uint8 [N, K / group] or [N, 0]
-Bits a weight: Q8_0 8.5, Q6_K 6.56, Q5_0 5.5, Q4_K 4.63 (stored: 4.5, its 6-bit scales and mins
-unpacked to bytes), Q4_0 4.5; every tensor of the layout is [N, ...], so the stacked projections
-of a fused linear (qkv, gate_up) of one type concatenate along N.
+K is d's columns times group * sub. Bits a weight: Q8_0 8.5, Q6_K 6.56, Q5_0 5.5, Q4_K 4.63
+(stored: 4.5, its 6-bit scales and mins unpacked to bytes), Q4_0 4.5 (plus the padding where K is
+not a multiple of 128: legacy types only, the K-quants' 256-column superblocks never need it);
+every tensor of the layout is [N, ...], so the stacked projections of a fused linear (qkv,
+gate_up) of one type concatenate along N.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import numpy as np
 import torch
 
 QK_K = 256  # the K-quants' superblock
+RUN = 128  # columns of a run of the sliced code layout (16 words of 8 nibbles)
 
 
 @dataclass(frozen=True)
@@ -74,8 +82,7 @@ class GGUFWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        per_byte = 1 if self.fmt.bits == 8 else 2
-        return self.codes.shape[0], self.codes.shape[1] * per_byte
+        return self.d.shape[0], self.d.shape[1] * self.fmt.group * self.fmt.sub
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"codes": self.codes, "high": self.high, "d": self.d, "dm": self.dm, "sc": self.sc,
@@ -96,15 +103,28 @@ def empty_weight(fmt: GGUFFormat | str, N: int, K: int, device: torch.device | N
     def t(cols: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(N, cols, dtype=dtype, device=device)
 
+    words = padded_k(K) // 8
     return GGUFWeight(
         fmt,
-        t(K, torch.int8) if fmt.bits == 8 else t(K // 2, torch.uint8),
-        t(K * (fmt.bits - 4) // 8 if fmt.bits in (5, 6) else 0, torch.uint8),
+        t(K, torch.int8) if fmt.bits == 8 else t(words, torch.int32),
+        t(words if fmt.bits in (5, 6) else 0, {5: torch.uint8, 6: torch.int16}.get(fmt.bits, torch.uint8)),
         t(supers, torch.float16),
         t(supers if fmt.has_min else 0, torch.float16),
         t(groups if fmt.sub_scales else 0, torch.int8 if fmt.name == "Q6_K" else torch.uint8),
         t(groups if fmt.sub_scales and fmt.has_min else 0, torch.uint8),
     )
+
+
+def padded_k(K: int) -> int:
+    """K rounded up to whole 128-column runs of the sliced code layout."""
+    return -(-K // RUN) * RUN
+
+
+def _slice_index(K: int, device) -> torch.Tensor:  # [Kp / 8, 8]
+    """[w, j] -> the column nibble j of code word w holds (columns past K: padding)."""
+    w = torch.arange(padded_k(K) // 8, device=device)
+    j = torch.arange(8, device=device)
+    return ((w // 16) * RUN + w % 16)[:, None] + 16 * j[None, :]
 
 
 def check_shape(fmt: GGUFFormat, N: int, K: int) -> None:
@@ -196,14 +216,15 @@ def repack(fmt: GGUFFormat, raw: torch.Tensor, K: int) -> GGUFWeight:
         codes = q.to(torch.int8)
         high = torch.empty(N, 0, dtype=torch.uint8, device=q.device)
     else:
-        lo = (q & 15).reshape(N, K // 2, 2)
-        codes = (lo[..., 0] | (lo[..., 1] << 4)).to(torch.uint8)  # [N, K / 2]
+        # [N, Kp / 8, 8]: the codes in the sliced order (0 in the padding)
+        sliced = torch.nn.functional.pad(q, (0, padded_k(K) - K))[:, _slice_index(K, q.device)]
+        words = ((sliced & 15).to(torch.int64) << (4 * torch.arange(8, device=q.device))).sum(-1)
+        codes = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # [N, Kp / 8]
         width = fmt.bits - 4
         if width:
-            per = 8 // width
-            hi = (q >> 4).reshape(N, K // per, per)
-            shifts = width * torch.arange(per, device=q.device, dtype=torch.int32)
-            high = (hi << shifts).sum(-1).to(torch.uint8)  # [N, K (bits - 4) / 8]
+            bits = ((sliced >> 4) << (width * torch.arange(8, device=q.device, dtype=torch.int32))).sum(-1)
+            high = (bits.to(torch.uint8) if width == 1 else
+                    torch.where(bits >= 2**15, bits - 2**16, bits).to(torch.int16))  # [N, Kp / 8]
         else:
             high = torch.empty(N, 0, dtype=torch.uint8, device=q.device)
     return GGUFWeight(fmt, codes.contiguous(), high.contiguous(), t["d"].contiguous(),
@@ -215,11 +236,14 @@ def codes(w: GGUFWeight) -> torch.Tensor:
     N, K = w.shape
     if w.fmt.bits == 8:
         return w.codes.to(torch.int32)
-    q = _bits(w.codes, 4).reshape(N, K)
+    shifts = torch.arange(8, device=w.codes.device, dtype=torch.int32)
+    sliced = (w.codes[..., None] >> (4 * shifts)) & 15  # [N, Kp / 8, 8]
     width = w.fmt.bits - 4
     if width:
-        q = q | (_bits(w.high, width).reshape(N, K) << 4)
-    return q
+        sliced = sliced | (((w.high.to(torch.int32)[..., None] >> (width * shifts)) & ((1 << width) - 1)) << 4)
+    q = torch.empty(N, padded_k(K), dtype=torch.int32, device=w.codes.device)
+    q[:, _slice_index(K, w.codes.device)] = sliced
+    return q[:, :K]
 
 
 def group_terms(w: GGUFWeight) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,19 +1,25 @@
 """Linear over GGUF weights kept quantized (reference.py's layout), for every row count.
 
-Up to GEMV_MAX_ROWS rows (decode): `_gguf_linear_kernel`. A program owns BLOCK_N output features
-(virtual rows: weight rows, or gate/up pairs with GATED) for x's rows (BLOCK_M, a power of 2), and
-walks its split of K in tiles of GPI scale groups. A tile's codes load as one [BLOCK_N, GPI G]
-block (the high-bit plane beside the low nibbles), are unpacked into exact integers q - offset in
-x's dtype and take one dot with x's columns. A dot has at least 16 rows, so below 16 rows of x
-the tile's GPI groups share it: x's tile spread block-diagonally (row (m, j) holds x row m's
-group j, zeros elsewhere), whose result holds each group's partial sums apart, to be multiplied by
-the group's scale s (fp32) and summed, plus b times the sum of x's group where the format has a
-min term. So the products are those of the exact codes with x as it is, and the reference
-(dequantize in fp32, multiply in fp32) differs by summation order only. The next tile's scales
-load a tile ahead, the first tile before PDL's wait; K is split until the GPU is full (a
-counter's last program reduces the splits), and the fused forms of the decode chain run in
-hotpath.ops.linear.triton_gemv's epilogue (bias, silu(gate) * up, add into the residual with each
-tile's sums of squares).
+Up to GEMV_MAX_ROWS rows (decode), a GEMV: a program owns BLOCK_N output features (virtual rows:
+weight rows, or gate/up pairs with GATED) for x's rows (BLOCK_M) and walks its split of K in
+tiles, each group's partial sums of exact codes times x (fp32) scaled by the group's s, plus b
+times the sum of x's group where the format has a min term. So the products are those of the
+exact codes with x as it is, and the reference (dequantize in fp32, multiply in fp32) differs by
+summation order only. The next tile's scales load a tile ahead, the first tile before PDL's wait;
+K is split until the GPU is full (a counter's last program reduces the splits), and the fused
+forms of the decode chain run in hotpath.ops.linear.triton_gemv's epilogue (bias, silu(gate) *
+up, add into the residual with each tile's sums of squares).
+
+- 4-6-bit codes (`_gguf_sliced_kernel`): the int4 GEMV's structure (hotpath.ops.quant.triton_int4)
+  on the sliced layout. A K tile is a 128-column run, [16 words, BLOCK_N] transposed; nibble j of
+  its words (with their high bits) is the exact operand for x's 16 columns 16 j of the run,
+  dequantized by the int4 kernels' PTX on NVIDIA (two words a register, the high bits OR-ed above
+  the nibble) and by shifts elsewhere; the slices of a 32-column group chain their dots. x's rows
+  are the dots' M, padded to 16, 32 or 64.
+- 8-bit codes (`_gguf_bytes_kernel`, Q8_0): a tile of GPI groups loads as one [BLOCK_N, GPI G]
+  block. A dot has at least 16 rows, so below 16 rows of x the tile's groups share it: x's tile
+  spread block-diagonally (row (m, j) holds x row m's group j, zeros elsewhere), whose result
+  holds each group's partial sums apart.
 
 More rows (prefill): `_dequantize_kernel` writes the weight in x's dtype (fp32 dequantization
 rounded once: the 16-bit copy's very values) and the matmul is torch's (cuBLAS on a GPU): at many
@@ -28,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hotpath.ops.gguf.reference import GGUFWeight, check_shape
+from hotpath.ops.gguf.reference import RUN, GGUFFormat, GGUFWeight, check_shape
 from hotpath.ops.linear.reference import RmsInput
 from hotpath.ops.linear.triton_gemv import (
     DOT_BLOCK_M,
@@ -40,6 +46,7 @@ from hotpath.ops.linear.triton_gemv import (
     split_for,
 )
 from hotpath.ops.norm.triton import rms_norm
+from hotpath.ops.quant.triton_int4 import _dequant, _use_asm
 from hotpath.ops.triton_utils import (
     pdl_enabled,
     pdl_launch,
@@ -62,19 +69,31 @@ class GGUFLinearConfig:
     split_k: int  # programs along K (1: no split)
     num_warps: int
     num_stages: int
-    # scale groups a K tile holds; with block_m * gpi >= 16 rows in the dot (see the kernel)
+    # 8-bit codes: scale groups a K tile holds, block_m * gpi >= 16 rows in the dot (see
+    # _gguf_bytes_kernel); the sliced kernel's tile is a 128-column run
     gpi: int = 1
+    asm: bool | None = None  # 4-6-bit codes: the int4 kernels' PTX dequantization (None: on NVIDIA GPUs)
 
 
-def choose_config(M: int, rows: int, K: int, group: int, device: torch.device) -> GGUFLinearConfig:
-    """The GEMV's tiles: x's rows padded to a power of 2 and, below 16, as many groups a K tile as
-    fill the dot's 16 rows (one group a tile from 16 rows: there the rows are real work); the
-    widest row tile (up to 64 rows, TILE_CODES codes a tile) that still gives two programs an SM;
-    K split only where the row tiles alone leave SMs idle (a split's reduction is a fixed cost)."""
+def choose_config(M: int, rows: int, K: int, fmt: GGUFFormat, device: torch.device) -> GGUFLinearConfig:
+    """The GEMV's tiles. 4-6-bit codes (the sliced kernel): x's rows padded to 16, 32 or 64, a
+    128-column run a K tile, 64-row tiles (fewer rows where the weight has fewer; 128 took
+    shared-memory round trips for an H200, and 16 left a program too little work an iteration),
+    K split where the row tiles leave SMs idle. 8-bit codes: x's rows padded to a power of 2 and,
+    below 16, as many groups a K tile as fill the dot's 16 rows (one group a tile from 16 rows:
+    there the rows are real work), the widest row tile up to 64 (TILE_CODES codes a tile) that
+    still gives two programs an SM, K split where the row tiles leave SMs idle."""
+    sms = sm_count(device)
+    if fmt.bits < 8:
+        block_m = max(DOT_BLOCK_M, triton.next_power_of_2(M))
+        block_n = min(64, max(16, triton.next_power_of_2(rows)))
+        n_tiles = triton.cdiv(rows, block_n)
+        runs = triton.cdiv(K, RUN)
+        split = 1 if n_tiles >= sms else split_for(n_tiles, runs, 1, device, GEMV_PROGRAMS_PER_SM)
+        return GGUFLinearConfig(block_m, block_n, split, 4, 3)
     block_m = triton.next_power_of_2(M)
     gpi = max(1, DOT_BLOCK_M // block_m)
-    kt = gpi * group
-    sms = sm_count(device)
+    kt = gpi * fmt.group
     widths = [b for b in (64, 32, 16) if b * kt <= TILE_CODES] or [16]
     block_n = next((b for b in widths if triton.cdiv(rows, b) >= 2 * sms), widths[-1])
     n_tiles = triton.cdiv(rows, block_n)
@@ -83,59 +102,29 @@ def choose_config(M: int, rows: int, K: int, group: int, device: torch.device) -
 
 
 @triton.jit
-def _tile_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, k_end, BLOCK_N: tl.constexpr,
-                KT: tl.constexpr, BITS: tl.constexpr, EVICT: tl.constexpr):
-    """The raw codes (int32, 0 .. 2^BITS - 1; int8's sign kept for BITS 8) of columns k0 .. k0 + KT
-    of the rows at c_rows / h_rows (their offsets in the code and high-bit planes): [BLOCK_N, KT],
-    0 from column k_end on."""
-    if BITS == 8:
-        ck = k0 + tl.arange(0, KT)
-        q = tl.load(codes_ptr + c_rows[:, None] + ck[None, :], mask=(ck < k_end)[None, :], other=0,
-                    eviction_policy=EVICT).to(tl.int32)
-    else:
-        cb = k0 // 2 + tl.arange(0, KT // 2)
-        lo = tl.load(codes_ptr + c_rows[:, None] + cb[None, :], mask=(cb < k_end // 2)[None, :], other=0,
-                     eviction_policy=EVICT)
-        q = (lo.to(tl.int32)[:, :, None] >> (4 * tl.arange(0, 2))[None, None, :]) & 15
-        q = tl.reshape(q, (BLOCK_N, KT))  # [BLOCK_N, KT / 2, 2] -> column 2j + i
-        if BITS > 4:
-            WIDTH: tl.constexpr = BITS - 4
-            PER: tl.constexpr = 8 // WIDTH  # codes a high-plane byte
-            hb = k0 // PER + tl.arange(0, KT // PER)
-            hi = tl.load(high_ptr + h_rows[:, None] + hb[None, :], mask=(hb < k_end // PER)[None, :],
-                         other=0, eviction_policy=EVICT)
-            h = (hi.to(tl.int32)[:, :, None] >> (WIDTH * tl.arange(0, PER))[None, None, :]) & ((1 << WIDTH) - 1)
-            q = q | (tl.reshape(h, (BLOCK_N, KT)) << 4)
-    return q
+def _tile_bytes(codes_ptr, c_rows, k0, k_end, KT: tl.constexpr, EVICT: tl.constexpr):
+    """The 8-bit codes (int32) of columns k0 .. k0 + KT of the rows at offsets c_rows: [BLOCK_N,
+    KT], 0 from column k_end on."""
+    ck = k0 + tl.arange(0, KT)
+    return tl.load(codes_ptr + c_rows[:, None] + ck[None, :], mask=(ck < k_end)[None, :], other=0,
+                   eviction_policy=EVICT).to(tl.int32)
 
 
 @triton.jit
-def _tile_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, k0, k_end, G: tl.constexpr,
-                 SUB: tl.constexpr, GPI: tl.constexpr, SUB_SCALES: tl.constexpr,
-                 HAS_MIN: tl.constexpr):
-    """The scales s and min terms b (fp32 [GPI, BLOCK_N]; b is s where there is no min term) of
-    the GPI groups from column k0, for the rows at d_rows / s_rows; 0 for groups from k_end on."""
+def _tile_scales(d_ptr, d_rows, k0, k_end, G: tl.constexpr, GPI: tl.constexpr):
+    """8-bit codes: the scales (fp32 [GPI, BLOCK_N]) of the GPI groups from column k0, for the rows
+    at d_rows; 0 for groups from k_end on."""
     g = k0 // G + tl.arange(0, GPI)
-    valid = (g < k_end // G)[:, None]
-    s = tl.load(d_ptr + d_rows[None, :] + (g // SUB)[:, None], mask=valid, other=0.0).to(tl.float32)
-    if SUB_SCALES:
-        s *= tl.load(sc_ptr + s_rows[None, :] + g[:, None], mask=valid, other=0).to(tl.float32)
-    b = s
-    if HAS_MIN:
-        b = tl.load(dm_ptr + d_rows[None, :] + (g // SUB)[:, None], mask=valid, other=0.0).to(tl.float32)
-        if SUB_SCALES:
-            b *= tl.load(mc_ptr + s_rows[None, :] + g[:, None], mask=valid, other=0).to(tl.float32)
-    return s, b
+    return tl.load(d_ptr + d_rows[None, :] + g[:, None], mask=(g < k_end // G)[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _tile_dot(acc, x_ptr, stride_xm, M, q, s, b, k0, k_end, G: tl.constexpr, OFFSET: tl.constexpr,
-              HAS_MIN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GPI: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] += for each group j of the tile: s_j * (x_j @ (q_j - OFFSET)^T)
-    (+ b_j * sum(x_j)). With GPI > 1 one dot does every group: x's tile spread block-diagonally
-    over BLOCK_M * GPI rows (row (m, j) holds x row m's group j, zeros elsewhere), the rows a dot
-    pads to anyway at one row of x; its [BLOCK_M, GPI, BLOCK_N] result is scaled and summed."""
+def _tile_dot(acc, x_ptr, stride_xm, M, q, s, k0, k_end, G: tl.constexpr, OFFSET: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GPI: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """8-bit codes: acc [BLOCK_M, BLOCK_N] += for each group j of the tile: s_j * (x_j @ (q_j -
+    OFFSET)^T). With GPI > 1 one dot does every group: x's tile spread block-diagonally over
+    BLOCK_M * GPI rows (row (m, j) holds x row m's group j, zeros elsewhere), the rows a dot pads
+    to anyway at one row of x; its [BLOCK_M, GPI, BLOCK_N] result is scaled and summed."""
     KT: tl.constexpr = GPI * G
     rm = tl.arange(0, BLOCK_M)
     ck = k0 + tl.arange(0, KT)
@@ -143,28 +132,179 @@ def _tile_dot(acc, x_ptr, stride_xm, M, q, s, b, k0, k_end, G: tl.constexpr, OFF
                 other=0.0)  # [BLOCK_M, KT]
     w = (q - OFFSET).to(x.dtype)  # exact integers
     if GPI == 1:
-        part = tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        acc += part * s
-        if HAS_MIN:
-            acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * b
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION) * s
     else:
         own = (tl.arange(0, KT) // G)[None, :] == tl.arange(0, GPI)[:, None]  # [GPI, KT]
-        xb = tl.where(own[None, :, :], x[:, None, :], 0.0)
-        xb = tl.reshape(xb, (BLOCK_M * GPI, KT))
+        xb = tl.reshape(tl.where(own[None, :, :], x[:, None, :], 0.0), (BLOCK_M * GPI, KT))
         part = tl.dot(xb, tl.trans(w), input_precision=DOT_PRECISION)  # [BLOCK_M * GPI, BLOCK_N]
-        part = tl.reshape(part, (BLOCK_M, GPI, BLOCK_N))
-        acc += tl.sum(part * s[None, :, :], axis=1)
-        if HAS_MIN:
-            xs = tl.sum(tl.reshape(x.to(tl.float32), (BLOCK_M, GPI, G)), axis=2)  # [BLOCK_M, GPI]
-            acc += tl.sum(xs[:, :, None] * b[None, :, :], axis=1)
+        acc += tl.sum(tl.reshape(part, (BLOCK_M, GPI, BLOCK_N)) * s[None, :, :], axis=1)
     return acc
 
 
 @triton.jit(do_not_specialize=["M", "N"])
-def _gguf_linear_kernel(
+def _gguf_bytes_kernel(
     x_ptr,  # [M, K]
-    codes_ptr,  # uint8 [rows, K / 2] or int8 [rows, K] (BITS 8); rows = N (2N with GATED)
-    high_ptr,  # uint8 [rows, K (BITS - 4) / 8] (BITS 5, 6)
+    codes_ptr,  # int8 [rows, K]; rows = N (2N with GATED)
+    d_ptr,  # fp16 [rows, K / G]
+    bias_ptr,  # [N] (HAS_BIAS)
+    out_ptr,  # [M, N]; with RESIDUAL the residual stream, updated in place
+    partial_ptr,  # [split, M, rows] fp32 (SPLIT)
+    counter_ptr,  # [>= n tiles] int32, zero between calls (SPLIT)
+    stat_ptr,  # [n_tiles, M] fp32 (RESIDUAL)
+    M,
+    N,  # output features
+    K,
+    cols_per_split,  # a multiple of the K tile
+    stride_xm,
+    stride_c,
+    stride_d,
+    stride_om,
+    G: tl.constexpr,
+    OFFSET: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GPI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """8-bit codes (Q8_0: s = d, no min term)."""
+    KT: tl.constexpr = GPI * G
+    pdl_launch_dependents(USE_PDL)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rv, w_row, rows_total = _virtual_rows(pid_n, N, BLOCK_N, GATED)
+    w_row = w_row.to(tl.int64)
+    c_rows = w_row * stride_c
+    d_rows = w_row * stride_d
+    k_start = pid_k * cols_per_split
+    k_end = tl.minimum(k_start + cols_per_split, K)
+    # the weights are written by no kernel: the first tile and its scales load before the wait
+    q = _tile_bytes(codes_ptr, c_rows, k_start, k_end, KT, "evict_first")
+    s = _tile_scales(d_ptr, d_rows, k_start, k_end, G, GPI)
+    pdl_wait(USE_PDL)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # each tile's successor's scales load a tile ahead (small loads the pipeliner leaves
+    # synchronous: loaded where they are used, every tile would wait a memory round trip)
+    s_next = _tile_scales(d_ptr, d_rows, k_start + KT, k_end, G, GPI)
+    acc = _tile_dot(acc, x_ptr, stride_xm, M, q, s, k_start, k_end, G, OFFSET, BLOCK_M, BLOCK_N, GPI, DOT_PRECISION)
+    s = s_next
+    for k0 in range(k_start + KT, k_end, KT):
+        s_next = _tile_scales(d_ptr, d_rows, k0 + KT, k_end, G, GPI)
+        q = _tile_bytes(codes_ptr, c_rows, k0, k_end, KT, "evict_first")
+        acc = _tile_dot(acc, x_ptr, stride_xm, M, q, s, k0, k_end, G, OFFSET, BLOCK_M, BLOCK_N, GPI, DOT_PRECISION)
+        s = s_next
+    rm = tl.arange(0, BLOCK_M)
+    acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
+    _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
+                     out_ptr, bias_ptr, stride_om, stat_ptr, HAS_BIAS, GATED, RESIDUAL, x_ptr.dtype.element_ty,
+                     BLOCK_N, BLOCK_M, SPLIT)
+
+
+@triton.jit
+def _run_load(c_cols, h_cols, u0, RUN_COLS: tl.constexpr, BITS: tl.constexpr, EVICT: tl.constexpr):
+    """The code words of the 128-column run from word u0, transposed ([16, BLOCK_N] int32 from
+    c_cols [1, BLOCK_N], the rows' word pointers), and (BITS 5, 6) their high bits alike."""
+    rw = u0 + tl.arange(0, RUN_COLS // 8)[:, None]
+    words = tl.load(c_cols + rw, eviction_policy=EVICT)
+    hi = words
+    if BITS > 4:
+        hi = tl.load(h_cols + rw, eviction_policy=EVICT).to(tl.int32)
+    return words, hi
+
+
+@triton.jit
+def _run_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, run, n_groups, RUN_COLS: tl.constexpr,
+                G: tl.constexpr, SUB: tl.constexpr, SUB_SCALES: tl.constexpr, HAS_MIN: tl.constexpr):
+    """The scale terms of the groups of a 128-column run as stored (d, dm, sc, mc: tuples of RUN / G
+    [BLOCK_N], each loaded once: a run's groups share their superblock's d), for the rows at
+    d_rows / s_rows; 0 for groups from n_groups on (the codes' padding, a run past K). Returned
+    as loaded, not multiplied: a run ahead, the loads must not be waited for (_run_terms)."""
+    GR: tl.constexpr = RUN_COLS // G
+    PER_D: tl.constexpr = min(SUB, GR)  # consecutive groups of a run under one d
+    ds = ()
+    dms = ()
+    scs = ()
+    mcs = ()
+    for r in tl.static_range(GR):
+        g = run * GR + r
+        ok = tl.full([1], g, tl.int32) < n_groups
+        if r % PER_D == 0:
+            d = tl.load(d_ptr + d_rows + g // SUB, mask=ok, other=0.0)
+            dm = d
+            if HAS_MIN:
+                dm = tl.load(dm_ptr + d_rows + g // SUB, mask=ok, other=0.0)
+        sc = d
+        mc = d
+        if SUB_SCALES:
+            sc = tl.load(sc_ptr + s_rows + g, mask=ok, other=0)
+            if HAS_MIN:
+                mc = tl.load(mc_ptr + s_rows + g, mask=ok, other=0)
+        ds = ds + (d,)
+        dms = dms + (dm,)
+        scs = scs + (sc,)
+        mcs = mcs + (mc,)
+    return ds, dms, scs, mcs
+
+
+@triton.jit
+def _run_terms(terms, r: tl.constexpr, SUB_SCALES: tl.constexpr, HAS_MIN: tl.constexpr):
+    """Group r's scale s and min term b (fp32 [BLOCK_N]; b = s without a min) from _run_scales."""
+    ds, dms, scs, mcs = terms
+    s = ds[r].to(tl.float32)
+    b = s
+    if SUB_SCALES:
+        s = s * scs[r].to(tl.float32)
+    if HAS_MIN:
+        b = dms[r].to(tl.float32)
+        if SUB_SCALES:
+            b = b * mcs[r].to(tl.float32)
+    return s, b
+
+
+@triton.jit
+def _run_dot(acc, x_ptr, stride_xm, M, K, words, hi, terms, run, RUN_COLS: tl.constexpr, BITS: tl.constexpr,
+             G: tl.constexpr,
+             OFFSET: tl.constexpr, SUB_SCALES: tl.constexpr, HAS_MIN: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, USE_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] += the run's 8 slices: nibble j of its words (with its high bits)
+    minus OFFSET, exact in x's dtype (the int4 kernels' dequantization), against x's 16 columns
+    128 run + 16 j; the slices of a group chained in one dot accumulator, times the group's scale
+    (+ b times the sum of x's group)."""
+    PER_GROUP: tl.constexpr = G // 16  # slices a group
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = (rm < M)[:, None]
+    offsets = ()
+    for j in tl.static_range(8):
+        offsets = offsets + (tl.full([1, BLOCK_N], OFFSET, tl.int32),)
+    qs = _dequant(words, offsets, x_ptr.dtype.element_ty, USE_ASM, hi, BITS - 4)  # 8 x [16, BLOCK_N]
+    for g in tl.static_range(8 // PER_GROUP):
+        xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for i in tl.static_range(PER_GROUP):
+            ck = run * RUN_COLS + 16 * (g * PER_GROUP + i) + tl.arange(0, 16)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + ck[None, :], mask=m_ok & (ck < K)[None, :],
+                        other=0.0)  # [BLOCK_M, 16]
+            if i == 0:
+                part = tl.dot(x, qs[g * PER_GROUP], input_precision=DOT_PRECISION)
+            else:
+                part = tl.dot(x, qs[g * PER_GROUP + i], part, input_precision=DOT_PRECISION)
+            if HAS_MIN:
+                xs += tl.sum(x.to(tl.float32), axis=1)
+        sg, bg = _run_terms(terms, g, SUB_SCALES, HAS_MIN)
+        acc += part * sg[None, :]
+        if HAS_MIN:
+            acc += xs[:, None] * bg[None, :]
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "N"])
+def _gguf_sliced_kernel(
+    x_ptr,  # [M, K]
+    codes_ptr,  # int32 [rows, Kp / 8], the sliced code words; rows = N (2N with GATED)
+    high_ptr,  # uint8 / int16 [rows, Kp / 8] (BITS 5, 6)
     d_ptr,  # fp16 [rows, K / (G SUB)]
     dm_ptr,  # fp16 [rows, K / (G SUB)] (HAS_MIN)
     sc_ptr,  # uint8 / int8 [rows, K / G] (SUB_SCALES)
@@ -177,13 +317,14 @@ def _gguf_linear_kernel(
     M,
     N,  # output features
     K,
-    cols_per_split,  # a multiple of the K tile
+    runs_per_split,
     stride_xm,
-    stride_c,  # row strides of the code plane, the high plane, d / dm and sc / mc
+    stride_c,  # row strides (in elements) of the code words, the high bits, d / dm and sc / mc
     stride_h,
     stride_d,
     stride_s,
     stride_om,
+    RUN_COLS: tl.constexpr,
     BITS: tl.constexpr,
     G: tl.constexpr,
     SUB: tl.constexpr,
@@ -197,41 +338,42 @@ def _gguf_linear_kernel(
     USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    GPI: tl.constexpr,
+    USE_ASM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    KT: tl.constexpr = GPI * G
+    """4-6-bit codes in the sliced layout (reference.py): the int4 GEMV's structure
+    (hotpath.ops.quant.triton_int4), a 128-column run a K tile, x's padded rows as the dots' M."""
     pdl_launch_dependents(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rv, w_row, rows_total = _virtual_rows(pid_n, N, BLOCK_N, GATED)
     w_row = w_row.to(tl.int64)
-    c_rows = w_row * stride_c
-    h_rows = w_row * stride_h
+    c_cols = codes_ptr + (w_row * stride_c)[None, :]
+    h_cols = high_ptr + (w_row * stride_h)[None, :]
     d_rows = w_row * stride_d
     s_rows = w_row * stride_s
-    k_start = pid_k * cols_per_split
-    k_end = tl.minimum(k_start + cols_per_split, K)
-    # the weights are written by no kernel: the first tile and its scales load before the wait
-    q = _tile_codes(codes_ptr, high_ptr, c_rows, h_rows, k_start, k_end, BLOCK_N, KT, BITS, "evict_first")
-    s, b = _tile_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, k_start, k_end, G, SUB, GPI,
+    n_groups = K // G
+    r_start = pid_k * runs_per_split
+    r_end = tl.minimum(r_start + runs_per_split, tl.cdiv(K, RUN_COLS))
+    # the weights are written by no kernel: the first run and its scales load before the wait
+    words, hi = _run_load(c_cols, h_cols, r_start * (RUN_COLS // 8), RUN_COLS, BITS, "evict_first")
+    terms = _run_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, r_start, n_groups, RUN_COLS, G, SUB,
                         SUB_SCALES, HAS_MIN)
     pdl_wait(USE_PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # each tile's successor's scales load a tile ahead (small loads the pipeliner leaves
-    # synchronous: loaded where they are used, every tile would wait a memory round trip)
-    s_next, b_next = _tile_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, k_start + KT, k_end, G,
-                                  SUB, GPI, SUB_SCALES, HAS_MIN)
-    acc = _tile_dot(acc, x_ptr, stride_xm, M, q, s, b, k_start, k_end, G, OFFSET, HAS_MIN, BLOCK_M, BLOCK_N, GPI,
-                    DOT_PRECISION)
-    s, b = s_next, b_next
-    for k0 in range(k_start + KT, k_end, KT):
-        s_next, b_next = _tile_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, k0 + KT, k_end, G,
-                                      SUB, GPI, SUB_SCALES, HAS_MIN)
-        q = _tile_codes(codes_ptr, high_ptr, c_rows, h_rows, k0, k_end, BLOCK_N, KT, BITS, "evict_first")
-        acc = _tile_dot(acc, x_ptr, stride_xm, M, q, s, b, k0, k_end, G, OFFSET, HAS_MIN, BLOCK_M, BLOCK_N, GPI,
-                        DOT_PRECISION)
-        s, b = s_next, b_next
+    # each run's successor's scales load a run ahead (as the int4 GEMV's do)
+    terms_next = _run_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, r_start + 1, n_groups, RUN_COLS, G, SUB,
+                             SUB_SCALES, HAS_MIN)
+    acc = _run_dot(acc, x_ptr, stride_xm, M, K, words, hi, terms, r_start, RUN_COLS, BITS, G, OFFSET, SUB_SCALES,
+                   HAS_MIN, BLOCK_M, BLOCK_N, USE_ASM, DOT_PRECISION)
+    terms = terms_next
+    for run in range(r_start + 1, r_end):
+        terms_next = _run_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, d_rows, s_rows, run + 1, n_groups, RUN_COLS, G, SUB,
+                                 SUB_SCALES, HAS_MIN)
+        words, hi = _run_load(c_cols, h_cols, run * (RUN_COLS // 8), RUN_COLS, BITS, "evict_first")
+        acc = _run_dot(acc, x_ptr, stride_xm, M, K, words, hi, terms, run, RUN_COLS, BITS, G, OFFSET, SUB_SCALES,
+                       HAS_MIN, BLOCK_M, BLOCK_N, USE_ASM, DOT_PRECISION)
+        terms = terms_next
     rm = tl.arange(0, BLOCK_M)
     acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M]
     _store_or_reduce(acc, rv, rm, pid_n, pid_k, rows_total, M, N, partial_ptr, counter_ptr,
@@ -253,48 +395,43 @@ def _launch(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None,
     if io.done:
         return io.out.view(*x.shape[:-1], io.N), None
     x2, out, M, N = io.x2, io.out, io.M, io.N
-    cfg = config or choose_config(M, rows, K, fmt.group, x.device)
+    cfg = config or choose_config(M, rows, K, fmt, x.device)
     assert cfg.block_n % 2 == 0 or not gated
     assert M <= cfg.block_m and cfg.block_m * cfg.gpi >= DOT_BLOCK_M, "one tile of x's rows; a dot's 16 rows"
     n_tiles = triton.cdiv(rows, cfg.block_n)
-    kt = cfg.gpi * fmt.group
-    # a split's columns: whole K tiles but the last split's
+    # K tiles: 128-column runs (sliced codes) or GPI groups (bytes); a split takes whole tiles
+    kt = RUN if fmt.bits < 8 else cfg.gpi * fmt.group
     tiles = triton.cdiv(K, kt)
-    per_split = triton.cdiv(tiles, max(1, min(cfg.split_k, tiles))) * kt
-    split = triton.cdiv(K, per_split)
+    per_split = triton.cdiv(tiles, max(1, min(cfg.split_k, tiles)))
+    split = triton.cdiv(tiles, per_split)
     partial, stat = gemv_buffers(split, n_tiles, M, rows, out, residual is not None)
     use_pdl = pdl_enabled(x.device)
-    _gguf_linear_kernel[(n_tiles, split)](
-        x2, w.codes, w.high, w.d, w.dm, w.sc, w.mc, bias if bias is not None else out, out, partial,
-        zeroed_counters("gguf linear split-K", MAX_SPLIT_TILES, x.device),
-        stat if stat is not None else out,
-        M, N, K, per_split, x2.stride(0), w.codes.stride(0), max(1, w.high.stride(0)), w.d.stride(0),
-        max(1, w.sc.stride(0)), out.stride(0),
-        BITS=fmt.bits,
-        G=fmt.group,
-        SUB=fmt.sub,
-        OFFSET=fmt.offset,
-        SUB_SCALES=fmt.sub_scales,
-        HAS_MIN=fmt.has_min,
-        HAS_BIAS=bias is not None,
-        GATED=gated,
-        RESIDUAL=residual is not None,
-        SPLIT=split > 1,
-        USE_PDL=use_pdl,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        GPI=cfg.gpi,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else None,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **pdl_launch(use_pdl),
-    )
+    common = dict(HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None, SPLIT=split > 1,
+                  USE_PDL=use_pdl, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  DOT_PRECISION="ieee" if x.dtype == torch.float32 else None, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, **pdl_launch(use_pdl))
+    bias_or_out = bias if bias is not None else out
+    counters = zeroed_counters("gguf linear split-K", MAX_SPLIT_TILES, x.device)
+    stat_or_out = stat if stat is not None else out
+    if fmt.bits < 8:
+        _gguf_sliced_kernel[(n_tiles, split)](
+            x2, w.codes, w.high, w.d, w.dm, w.sc, w.mc, bias_or_out, out, partial, counters, stat_or_out,
+            M, N, K, per_split, x2.stride(0), w.codes.stride(0), max(1, w.high.stride(0)), w.d.stride(0),
+            max(1, w.sc.stride(0)), out.stride(0),
+            RUN_COLS=RUN, BITS=fmt.bits, G=fmt.group, SUB=fmt.sub, OFFSET=fmt.offset, SUB_SCALES=fmt.sub_scales,
+            HAS_MIN=fmt.has_min, USE_ASM=_use_asm(x, cfg.asm), **common)
+    else:
+        assert not (fmt.sub_scales or fmt.has_min), "8-bit codes: Q8_0's form"
+        _gguf_bytes_kernel[(n_tiles, split)](
+            x2, w.codes, w.d, bias_or_out, out, partial, counters, stat_or_out,
+            M, N, K, per_split * kt, x2.stride(0), w.codes.stride(0), w.d.stride(0), out.stride(0),
+            G=fmt.group, OFFSET=fmt.offset, GPI=cfg.gpi, **common)
     return out.view(*x.shape[:-1], N), stat
 
 
 @triton.jit
 def _dequantize_kernel(
-    codes_ptr, high_ptr, d_ptr, dm_ptr, sc_ptr, mc_ptr,  # the layout, as _gguf_linear_kernel's
+    codes_ptr, high_ptr, d_ptr, dm_ptr, sc_ptr, mc_ptr,  # the layout, as the GEMV kernels'
     out_ptr,  # [N, K] in the output dtype
     N,
     K,
@@ -303,6 +440,7 @@ def _dequantize_kernel(
     stride_d,
     stride_s,
     stride_o,
+    RUN_COLS: tl.constexpr,
     BITS: tl.constexpr,
     G: tl.constexpr,
     SUB: tl.constexpr,
@@ -310,21 +448,38 @@ def _dequantize_kernel(
     SUB_SCALES: tl.constexpr,
     HAS_MIN: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    GPI: tl.constexpr,
 ):
-    KT: tl.constexpr = GPI * G
+    """A program: BLOCK_N rows of one 128-column run."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_row = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N read row N - 1, never stored
-    k0 = tl.program_id(1) * KT
-    q = _tile_codes(codes_ptr, high_ptr, w_row * stride_c, w_row * stride_h, k0, K, BLOCK_N, KT, BITS, "")
-    s, b = _tile_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, w_row * stride_d, w_row * stride_s, k0, K, G, SUB,
-                        GPI, SUB_SCALES, HAS_MIN)  # [GPI, BLOCK_N]
-    w = tl.reshape((q - OFFSET).to(tl.float32), (BLOCK_N, GPI, G)) * tl.trans(s)[:, :, None]
-    if HAS_MIN:
-        w += tl.trans(b)[:, :, None]
-    ck = k0 + tl.arange(0, KT)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_o + ck[None, :],
-             tl.reshape(w, (BLOCK_N, KT)).to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (ck < K)[None, :])
+    run = tl.program_id(1)
+    o_rows = out_ptr + rows.to(tl.int64) * stride_o
+    row_ok = rows < N
+    DTYPE: tl.constexpr = out_ptr.dtype.element_ty
+    if BITS == 8:
+        GPI: tl.constexpr = RUN_COLS // G
+        q = _tile_bytes(codes_ptr, w_row * stride_c, run * RUN_COLS, K, RUN_COLS, "")
+        s = _tile_scales(d_ptr, w_row * stride_d, run * RUN_COLS, K, G, GPI)  # [GPI, BLOCK_N]
+        w = tl.reshape((q - OFFSET).to(tl.float32), (BLOCK_N, GPI, G)) * tl.trans(s)[:, :, None]
+        ck = run * RUN_COLS + tl.arange(0, RUN_COLS)
+        tl.store(o_rows[:, None] + ck[None, :], tl.reshape(w, (BLOCK_N, RUN_COLS)).to(DTYPE),
+                 mask=row_ok[:, None] & (ck < K)[None, :])
+    else:
+        WIDTH: tl.constexpr = BITS - 4
+        words, hi = _run_load(codes_ptr + (w_row * stride_c)[None, :], high_ptr + (w_row * stride_h)[None, :],
+                              run * (RUN_COLS // 8), RUN_COLS, BITS, "")
+        terms = _run_scales(d_ptr, dm_ptr, sc_ptr, mc_ptr, w_row * stride_d, w_row * stride_s, run, K // G, RUN_COLS,
+                            G, SUB, SUB_SCALES, HAS_MIN)
+        for j in tl.static_range(8):
+            q = (words >> (4 * j)) & 15
+            if BITS > 4:
+                q = q | (((hi >> (WIDTH * j)) & ((1 << WIDTH) - 1)) << 4)
+            s, b = _run_terms(terms, (16 * j) // G, SUB_SCALES, HAS_MIN)
+            w = (q - OFFSET).to(tl.float32) * s[None, :]  # [16, BLOCK_N]
+            if HAS_MIN:
+                w += b[None, :]
+            ck = run * RUN_COLS + 16 * j + tl.arange(0, 16)
+            tl.store(o_rows[None, :] + ck[:, None], w.to(DTYPE), mask=row_ok[None, :] & (ck < K)[:, None])
 
 
 def dequantize(w: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:  # [N, K]
@@ -332,13 +487,13 @@ def dequantize(w: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:  # [N, K]
     fmt = w.fmt
     N, K = w.shape
     out = torch.empty(N, K, dtype=dtype, device=w.codes.device)
-    block_n, gpi = 64, 4
-    grid = (triton.cdiv(N, block_n), triton.cdiv(K, gpi * fmt.group))
+    block_n = 64
+    grid = (triton.cdiv(N, block_n), triton.cdiv(K, RUN))
     _dequantize_kernel[grid](
         w.codes, w.high, w.d, w.dm, w.sc, w.mc, out, N, K, w.codes.stride(0), max(1, w.high.stride(0)),
         w.d.stride(0), max(1, w.sc.stride(0)), out.stride(0),
-        BITS=fmt.bits, G=fmt.group, SUB=fmt.sub, OFFSET=fmt.offset, SUB_SCALES=fmt.sub_scales,
-        HAS_MIN=fmt.has_min, BLOCK_N=block_n, GPI=gpi, num_warps=4)
+        RUN_COLS=RUN, BITS=fmt.bits, G=fmt.group, SUB=fmt.sub, OFFSET=fmt.offset, SUB_SCALES=fmt.sub_scales,
+        HAS_MIN=fmt.has_min, BLOCK_N=block_n, num_warps=4)
     return out
 
 

@@ -141,17 +141,27 @@ def choose_gemm_config(M: int, slice_width: int, device: torch.device) -> Int4Ge
 # the mantissa with the magic exponent OR-ed in (lop3: (a & b) | c), and one packed FMA (x * 1 +
 # -(magic + zero)) leaves the exact q - z of both words in one register: the MMA's operand as it
 # is, nothing to repack. $10..$17: -(magic + zero) of slice j, element e's in the low half.
-def _dequant_ptx(fp16: bool) -> str:
+def _dequant_ptx(fp16: bool, width: int = 0) -> str:
     one, magic, fma = (("0x3C003C00", "0x64006400", "fma.rn.f16x2") if fp16 else
                        ("0x3F803F80", "0x43004300", "fma.rn.bf16x2"))
-    lines = [".reg .b32 v, u, t<6>, p<8>, one;", f"mov.b32 one, {one};",
+    lines = [".reg .b32 v, u, t<6>, p<8>, one, h, g;", f"mov.b32 one, {one};",
              "prmt.b32 v, $8, $9, 0x5410;", "prmt.b32 u, $8, $9, 0x7632;"]
+    if width:
+        # the two words' high bits ($18, $19: W bits a nibble, nibble j at bit W j) in one register
+        lines.append("prmt.b32 h, $18, $19, 0x5410;")
     for j in range(8):
         src = "vu"[j // 4]
         if j % 4:
             lines.append(f"shr.u32 t{j - 1 - j // 4}, {src}, {4 * (j % 4)};")
             src = f"t{j - 1 - j // 4}"
         lines.append(f"lop3.b32 p{j}, {src}, 0x000F000F, {magic}, 0xEA;")
+        if width:
+            # nibble j's high bits to bits 4 .. 4 + W of both halves, OR-ed into the mantissa
+            shift = width * j - 4
+            lines.append(f"shr.u32 g, h, {shift};" if shift > 0 else
+                         f"shl.b32 g, h, {-shift};" if shift < 0 else "mov.b32 g, h;")
+            mask = ((1 << width) - 1) << 4
+            lines.append(f"lop3.b32 p{j}, g, 0x{mask | mask << 16:08X}, p{j}, 0xEA;")
     lines += [f"{fma} ${j}, p{j}, one, ${10 + j};" for j in range(8)]
     return "{\n" + "\n".join(lines) + "\n}"
 
@@ -163,8 +173,14 @@ def _dequant_ptx(fp16: bool) -> str:
 # mantissa with the magic exponent OR-ed in (lop3: (a & b) | c), and one packed FMA (x * 1 +
 # -(magic + zero)) leaves the exact q - z of both words in one register: the MMA's operand as it
 # is, nothing to repack. $10..$17: -(magic + zero) of slice j (element e's in the low half).
+# With high bits (GGUF's 5- and 6-bit codes, hotpath.ops.gguf): $18, $19 the two words' W-bit
+# fields, nibble j's at bit W j, OR-ed above the nibble (codes up to 63: exact at either magic).
 _PTX_BF16: tl.constexpr = tl.constexpr(_dequant_ptx(False))
 _PTX_F16: tl.constexpr = tl.constexpr(_dequant_ptx(True))
+_PTX_BF16_H1: tl.constexpr = tl.constexpr(_dequant_ptx(False, 1))
+_PTX_F16_H1: tl.constexpr = tl.constexpr(_dequant_ptx(True, 1))
+_PTX_BF16_H2: tl.constexpr = tl.constexpr(_dequant_ptx(False, 2))
+_PTX_F16_H2: tl.constexpr = tl.constexpr(_dequant_ptx(True, 2))
 
 
 @triton.jit
@@ -192,9 +208,10 @@ def _tile_scales(scale_ptr, zero_ptr, s_rows, u0, SLICE: tl.constexpr, GROUP: tl
 
 
 @triton.jit
-def _dequant(words, zs, DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
+def _dequant(words, zs, DTYPE: tl.constexpr, USE_ASM: tl.constexpr, hi=None, WIDTH: tl.constexpr = 0):
     """int32 words [A, B] -> 8 operands [A, B] in DTYPE: nibble j minus zs[j] (int32, [A, 1] or
-    [1, B]: a weight row's zero point), exact."""
+    [1, B]: a weight row's zero point), exact. With WIDTH (1, 2), hi (int32 [A, B]) holds W more
+    bits a nibble, nibble j's at bit W j, above its 4 (GGUF's 5- and 6-bit codes)."""
     q = ()
     if USE_ASM:
         if DTYPE == tl.float16:
@@ -206,16 +223,29 @@ def _dequant(words, zs, DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
             # -(magic + z) in the 16-bit dtype's bits (the sign flipped), truncated to 16 bits
             nz = nz + (((zs[j] | magic) ^ 0x8000).to(tl.int16),)
         # pack=2: the asm takes elements e, e + 1 together, the 16-bit operands two to a register
-        out = tl.inline_asm_elementwise(
-            _PTX_F16 if DTYPE == tl.float16 else _PTX_BF16,
-            "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
-            [words, nz[0], nz[1], nz[2], nz[3], nz[4], nz[5], nz[6], nz[7]],
-            dtype=(tl.int16,) * 8, is_pure=True, pack=2)
+        if WIDTH == 0:
+            out = tl.inline_asm_elementwise(
+                _PTX_F16 if DTYPE == tl.float16 else _PTX_BF16,
+                "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r",
+                [words, nz[0], nz[1], nz[2], nz[3], nz[4], nz[5], nz[6], nz[7]],
+                dtype=(tl.int16,) * 8, is_pure=True, pack=2)
+        else:
+            if WIDTH == 1:
+                ptx: tl.constexpr = _PTX_F16_H1 if DTYPE == tl.float16 else _PTX_BF16_H1
+            else:
+                ptx: tl.constexpr = _PTX_F16_H2 if DTYPE == tl.float16 else _PTX_BF16_H2
+            out = tl.inline_asm_elementwise(
+                ptx, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r",
+                [words, nz[0], nz[1], nz[2], nz[3], nz[4], nz[5], nz[6], nz[7], hi],
+                dtype=(tl.int16,) * 8, is_pure=True, pack=2)
         for j in tl.static_range(8):
             q = q + (out[j].to(DTYPE, bitcast=True),)
     else:
         for j in tl.static_range(8):
-            q = q + ((((words >> (4 * j)) & 0xF) - zs[j]).to(DTYPE),)
+            code = (words >> (4 * j)) & 0xF
+            if WIDTH:
+                code = code | (((hi >> (WIDTH * j)) & ((1 << WIDTH) - 1)) << 4)
+            q = q + ((code - zs[j]).to(DTYPE),)
     return q
 
 
