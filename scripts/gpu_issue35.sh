@@ -5,14 +5,18 @@
 #   3. benchmarks/gguf_decode.py kernels: the default model's GGUF layers against bf16, 1-64 rows
 #   4. Qwen2.5-Coder-32B AWQ through `hotpath bench latency` at batch 1 and 32
 #   5. Nsight Compute on the int4 GEMV at one row (32B shapes)
-# Usage: bash scripts/gpu_issue35.sh [PARTS...]   (default: 1 2 3 4 5)
+#   6. the default model's GGUF layout (random blocks) kept quantized against its 16-bit copy through
+#      `hotpath bench latency` at batch 1, 8 and 32
+#   7. Qwen3-8B bf16 / fp8 block / fp8 PTPC at batch 1 and 32
+#   8. Qwen3-8B at batch 32 with 8K contexts, bf16 against fp8 KV; Qwen3-30B-A3B bf16 / fp8 block
+# Usage: bash scripts/gpu_issue35.sh [PARTS...]   (default: 1 2 3 4; then 5 6 7, then 8)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HOTPATH_CACHE=/tmp/hotpath-cache NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT=${OUT:-/tmp/hotpath-gpu}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf-*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
-parts=" ${*:-1 2 3 4 5} "
+parts=" ${*:-1 2 3 4} "
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 if [[ $parts == *" 1 "* ]]; then
   timeout 170 python3 -m pytest -q -p no:cacheprovider -n 8 -rf --tb=short tests/ops/test_quant_int4.py \
@@ -37,4 +41,20 @@ if [[ $parts == *" 5 "* ]]; then
     > "$OUT/ncu_int4.txt" 2>&1
   grep -E "^  _|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Stall" \
     "$OUT/ncu_int4.txt" | head -60
+fi
+if [[ $parts == *" 6 "* ]]; then
+  LAYOUTS=qwen2.5-coder-0.5b-instruct-q4_k_m OUT=$OUT bash scripts/gpu_gguf.sh models
+fi
+if [[ $parts == *" 7 "* ]]; then
+  for p in qwen3-8b qwen3-8b-fp8 qwen3-8b-fp8-ptpc; do
+    timeout 110 python3 -m hotpath.cli bench latency --preset $p --batch-size 1 32 --input-len 512 --output-len 64 \
+      --json "$OUT/latency_$p.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
+  done
+fi
+if [[ $parts == *" 8 "* ]]; then
+  OUT=$OUT timeout 330 bash scripts/gpu_quant.sh kv
+  for p in qwen3-30b-a3b qwen3-30b-a3b-fp8; do
+    timeout 120 python3 -m hotpath.cli bench latency --preset $p --batch-size 1 32 --input-len 512 --output-len 64 \
+      --json "$OUT/latency_$p.json" 2>&1 | grep -vE "^\[bench\]|Loading|it/s"
+  done
 fi
