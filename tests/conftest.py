@@ -79,6 +79,15 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+def pytest_collection_finish(session):
+    """Triton's interpreter without its language patching repeated at every @triton.jit helper call
+    (tests/triton_interpreter.py): after collection, when the conftests that set TRITON_INTERPRET
+    have run, so importing triton here defines nothing before it is set."""
+    from triton_interpreter import skip_repeated_patching
+
+    skip_repeated_patching()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(session, config, items):
     """Under --dist loadgroup a test is a unit of work of its own, unless it is in a group:
