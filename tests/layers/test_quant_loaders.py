@@ -521,6 +521,8 @@ def test_cuda_awq_model_matches_its_dense_copy(tmp_path):
     decode chain on the int4 GEMV up to 64 rows, the GEMM beyond): one prompt and 40 at once give
     the tokens and logprobs of the same model with its weights dequantized (float32: exact
     products in both)."""
+    import gc
+
     from safetensors.torch import load_file
 
     from hotpath import LLM, SamplingParams
@@ -555,6 +557,8 @@ def test_cuda_awq_model_matches_its_dense_copy(tmp_path):
                 for batch in (prompts[:1], prompts)]
         runs.append([o.outputs[0] for batch in outs for o in batch])
         del llm
+        gc.collect()  # the first engine's memory back before the second sizes its KV cache
+        torch.cuda.empty_cache()
     for got, want in zip(*runs):
         assert got.token_ids == want.token_ids
         lps = [[lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)] for o in (got, want)]

@@ -92,6 +92,8 @@ def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
     the tokens of the 16-bit copy's model (a plain HF directory of it); in bfloat16 (the kernels
     multiply exact codes, the copy rounds each weight) the first token's top logprob within
     bf16's rounding."""
+    import gc
+
     from hotpath.loader.gguf import dequantized_copy
 
     g = torch.Generator().manual_seed(3)
@@ -106,6 +108,8 @@ def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
             runs.append([o.outputs[0] for batch in ([[5, 17, 33, 90, 4], [7, 8]], many)
                          for o in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)])
             del llm
+            gc.collect()  # this engine's memory back before the next one sizes its KV cache
+            torch.cuda.empty_cache()
         for got, want in zip(*runs):
             if dtype == torch.float32:
                 assert got.token_ids == want.token_ids
