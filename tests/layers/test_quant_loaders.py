@@ -518,7 +518,7 @@ def test_dummy_int4_experts_are_valid_words_scales_and_zeros(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_awq_model_matches_its_dense_copy(tmp_path):
     """An AWQ model through LLM on a GPU at every default but the dtype (CUDA graphs, the fused
-    decode chain on the int4 GEMV up to 64 rows, the GEMM beyond): one prompt and 40 at once give
+    decode chain on the int4 GEMV up to 32 rows, the GEMM beyond): one prompt, 24 and 40 at once give
     the tokens and logprobs of the same model with its weights dequantized (float32: exact
     products in both)."""
     import gc
@@ -554,7 +554,7 @@ def test_cuda_awq_model_matches_its_dense_copy(tmp_path):
     for model_dir in (awq_dir, dense_dir):
         llm = LLM(str(model_dir), skip_tokenizer_init=True, dtype="float32")
         outs = [llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-                for batch in (prompts[:1], prompts)]
+                for batch in (prompts[:1], prompts[:24], prompts)]
         runs.append([o.outputs[0] for batch in outs for o in batch])
         del llm
         gc.collect()  # the first engine's memory back before the second sizes its KV cache

@@ -88,7 +88,7 @@ def test_float_projections_stay_unquantized(gguf_dir):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_kept_quantized_matches_the_16bit_copy(gguf_dir, tmp_path):
     """On a GPU, at every default but the dtype and quantization (CUDA graphs, the fused decode
-    chain, the GGUF kernels; two prompts, then 40 at once: the GEMV up to 64 rows): in float32
+    chain, the GGUF kernels; two prompts, then 40 at once: past the GEMV's 16 rows): in float32
     the tokens of the 16-bit copy's model (a plain HF directory of it); in bfloat16 (the kernels
     multiply exact codes, the copy rounds each weight) the first token's top logprob within
     bf16's rounding."""

@@ -374,7 +374,7 @@ def _quant_steps(run: Run, target: Target, step: list[str]) -> None:
         step[0] = f"{run.name}/quant-awq-g32-b{rows}-down"
         quant.int4_linear_add_residual(e(rows, I), e(H, I // 8, dtype=torch.int32), e(H, I // 32),
                                        e(H, I // 32, dtype=torch.uint8), 32, None, e(rows, H))
-    # a decode batch past 16 rows: the int4 GEMV with x padded to 32 (64: the prefill64 case below)
+    # a decode batch past 16 rows: the int4 GEMV with x padded to 32
     step[0] = f"{run.name}/quant-awq-b32-gate_up"
     quant.int4_linear_silu_and_mul(e(32, H), e(2 * I, H // 8, dtype=torch.int32), e(2 * I, H // 128),
                                    e(2 * I, H // 128, dtype=torch.uint8), 128, None,

@@ -82,7 +82,7 @@ def test_act_order_perm_and_dequantize():
 # ---- the GEMV (interpreter) --------------------------------------------------------------------------
 @pytest.mark.parametrize("group,act_order", FORMATS)
 @pytest.mark.parametrize("M,N,K", [(1, 20, 256), (2, 9, 128), (3, 33, 384), (16, 17, 256), (20, 9, 128),
-                                   (64, 12, 128)])
+                                   (32, 12, 128)])
 def test_interpreter_gemv(M, N, K, group, act_order, interpreter, poisoned):
     """choose_gemv_config's tiles, with a bias and x as [1, M, K]."""
     from hotpath.ops.quant import triton_int4
@@ -153,7 +153,7 @@ def check_fused_forms(M, N, K, dtype, device, tol, formats=FORMATS):
         assert got_sumsq.shape[1] == M and rel_err(got_sumsq.sum(0), want_sumsq.sum(0)) < tol, fmt
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 20, 256), (3, 33, 128), (16, 8, 128), (40, 8, 128)])
+@pytest.mark.parametrize("M,N,K", [(1, 20, 256), (3, 33, 128), (16, 8, 128), (30, 8, 128)])
 def test_interpreter_fused_forms(M, N, K, interpreter, poisoned):
     check_fused_forms(M, N, K, torch.float32, "cpu", TOL[torch.float32])
 
@@ -223,7 +223,7 @@ GPU_SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (1000, 8
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("group,act_order", FORMATS)
 @pytest.mark.parametrize("N,K", GPU_SHAPES)
-@pytest.mark.parametrize("M", [1, 2, 3, 16, 17, 32, 64, 65, 300])
+@pytest.mark.parametrize("M", [1, 2, 3, 16, 17, 32, 33, 300])
 def test_cuda_int4_linear(M, N, K, group, act_order, dtype, gpu_triton, poisoned):
     q, sc, z, perm = int4_weight(N, K, group, act_order, dtype, "cuda")
     x = activations(M, K, dtype, "cuda")
@@ -235,7 +235,7 @@ def test_cuda_int4_linear(M, N, K, group, act_order, dtype, gpu_triton, poisoned
 @cuda
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (2, 1000, 896), (3, 896, 4864), (16, 4096, 12288),
-                                   (32, 5120, 5120), (64, 4096, 12288)])
+                                   (32, 5120, 5120)])
 def test_cuda_fused_forms(M, N, K, dtype, gpu_triton, poisoned):
     check_fused_forms(M, N, K, dtype, "cuda", TOL[dtype])
 

@@ -15,7 +15,7 @@ up, add into the residual with each tile's sums of squares).
   its words (with their high bits) is the exact operand for x's 16 columns 16 j of the run,
   dequantized by the int4 kernels' PTX on NVIDIA (two words a register, the high bits OR-ed above
   the nibble) and by shifts elsewhere; the slices of a 32-column group chain their dots. x's rows
-  are the dots' M, padded to 16, 32 or 64.
+  are the dots' M, padded to 16.
 - 8-bit codes (`_gguf_bytes_kernel`, Q8_0): a tile of GPI groups loads as one [BLOCK_N, GPI G]
   block. A dot has at least 16 rows, so below 16 rows of x the tile's groups share it: x's tile
   spread block-diagonally (row (m, j) holds x row m's group j, zeros elsewhere), whose result
@@ -56,7 +56,9 @@ from hotpath.ops.triton_utils import (
     zeroed_counters,
 )
 
-GEMV_MAX_ROWS = 64  # rows up to which a call runs the GEMV (with the fused forms)
+# rows up to which a call runs the GEMV (with the fused forms); at 32 and 64 rows it ran at 0.1-0.25x
+# the bf16 GEMM's speed on an H200 (docs/benchmarks.md), more rows dequantize for torch's matmul
+GEMV_MAX_ROWS = 16
 GEMV_PROGRAMS_PER_SM = 4
 # codes a program's K tile holds at most (BLOCK_N x KT: 128 a thread at 4 warps)
 TILE_CODES = 16384
@@ -76,7 +78,7 @@ class GGUFLinearConfig:
 
 
 def choose_config(M: int, rows: int, K: int, fmt: GGUFFormat, device: torch.device) -> GGUFLinearConfig:
-    """The GEMV's tiles. 4-6-bit codes (the sliced kernel): x's rows padded to 16, 32 or 64, a
+    """The GEMV's tiles. 4-6-bit codes (the sliced kernel): x's rows padded to 16, a
     128-column run a K tile, 64-row tiles (fewer rows where the weight has fewer; 128 took
     shared-memory round trips for an H200, and 16 left a program too little work an iteration),
     K split where the row tiles leave SMs idle. 8-bit codes: x's rows padded to a power of 2 and,

@@ -1,10 +1,10 @@
 """Linear over int4 weights (AWQ, GPTQ) on the tensor cores, for every row count: a GEMV for a
-few rows (decode, 1..64, with the fused forms of hotpath.ops.linear) and a GEMM for more.
+few rows (decode, 1..32, with the fused forms of hotpath.ops.linear) and a GEMM for more.
 
 Why tensor cores even at one row: at HBM speed an FMA path that spends four operations a nibble
 (shift, mask, convert, FMA) is bound by its ALUs well below the bandwidth (docs/decisions.md,
 quantization). Here a nibble costs ~1.4 operations and the multiply-adds go to the tensor cores
-(x's rows padded to 16, the least a dot takes, or to 32 / 64).
+(x's rows padded to 16, the least a dot takes, or to 32).
 
 The layout (reference.py has it in full): `qweight` int32 [N, K / 8] whose stored columns are cut
 in superblocks of 8S columns (S = reference.int4_slice_width(K, G): 16 for groups up to 128, so
@@ -110,18 +110,17 @@ class Int4GemmConfig:
 
 
 def gemv_block_m(M: int) -> int:
-    """x's rows padded for the GEMV's dots: 16 (the least a dot takes), 32 or 64."""
+    """x's rows padded for the GEMV's dots: 16 (the least a dot takes) or 32."""
     return max(DOT_BLOCK_M, triton.next_power_of_2(M))
 
 
 def choose_gemv_config(M: int, rows: int, K: int, slice_width: int,
                        device: torch.device) -> Int4GemvConfig:
-    """Tiles for M <= GEMV_MAX_ROWS rows of a [rows, K] weight: 128 rows x 16 words (64 rows
-    past 32 rows of x, the accumulator's registers), 4 warps (8 warps leave x's 16 x 16 slices
-    too small for asynchronous copies), 3 stages in flight, K split until there are
-    GEMV_PROGRAMS_PER_SM programs an SM. Up to 16 rows the tile is the same: the dot pads x to 16
-    rows anyway (docs/decisions.md, quantization)."""
-    block_w, block_n = MIN_SLICE, 128 if M <= 32 else 64
+    """Tiles for M <= GEMV_MAX_ROWS rows of a [rows, K] weight: 128 rows x 16 words, 4 warps (8
+    warps leave x's 16 x 16 slices too small for asynchronous copies), 3 stages in flight, K split
+    until there are GEMV_PROGRAMS_PER_SM programs an SM. Up to 16 rows the tile is the same: the
+    dot pads x to 16 rows anyway (docs/decisions.md, quantization)."""
+    block_w, block_n = MIN_SLICE, 128
     split = split_for(triton.cdiv(rows, block_n), K // 8, block_w, device, GEMV_PROGRAMS_PER_SM)
     return Int4GemvConfig(block_n, block_w, split, 4, 3)
 
