@@ -165,8 +165,8 @@ def _int4_values(n: int, k: int, G: int, g: torch.Generator):
     return q, zeros, scales
 
 
-@pytest.mark.parametrize("G", [32, 128])
-def test_awq_checkpoint_loads_exact(tmp_path, G):
+def awq_linear_tensors(G: int):
+    """write_checkpoint's linear_tensors for AWQ with groups of G, and the quantization_config."""
     def tensors(name, n, k, g):
         q, zeros, scales = _int4_values(n, k, G, g)
         gidx = torch.arange(k) // G
@@ -174,8 +174,13 @@ def test_awq_checkpoint_loads_exact(tmp_path, G):
         return {"qweight": pack_rows_awq(q.T), "qzeros": pack_rows_awq(zeros.T),
                 "scales": scales.T.contiguous()}, dense
 
-    qc = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": G, "zero_point": True,
-          "modules_to_not_convert": None}
+    return tensors, {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": G, "zero_point": True,
+                     "modules_to_not_convert": None}
+
+
+@pytest.mark.parametrize("G", [32, 128])
+def test_awq_checkpoint_loads_exact(tmp_path, G):
+    tensors, qc = awq_linear_tensors(G)
     dense = write_checkpoint(tmp_path, qwen3_config(qc), tensors)
     model = load(tmp_path)
     for i in range(LAYERS):
@@ -527,17 +532,7 @@ def test_cuda_awq_model_matches_its_dense_copy(tmp_path):
 
     from hotpath import LLM, SamplingParams
 
-    G = 128
-
-    def tensors(name, n, k, g):
-        q, zeros, scales = _int4_values(n, k, G, g)
-        gidx = torch.arange(k) // G
-        dense = (q - zeros[:, gidx]).float() * scales.float()[:, gidx]
-        return {"qweight": pack_rows_awq(q.T), "qzeros": pack_rows_awq(zeros.T),
-                "scales": scales.T.contiguous()}, dense
-
-    qc = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": G, "zero_point": True,
-          "modules_to_not_convert": None}
+    tensors, qc = awq_linear_tensors(128)
     awq_dir, dense_dir = tmp_path / "awq", tmp_path / "dense"
     dense = write_checkpoint(awq_dir, qwen3_config(qc), tensors)
     stored = {k: v for k, v in load_file(awq_dir / "model.safetensors").items()

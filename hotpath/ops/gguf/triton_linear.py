@@ -56,8 +56,8 @@ from hotpath.ops.triton_utils import (
     zeroed_counters,
 )
 
-# rows up to which a call runs the GEMV (with the fused forms); at 32 and 64 rows it ran at 0.1-0.25x
-# the bf16 GEMM's speed on an H200 (docs/benchmarks.md), more rows dequantize for torch's matmul
+# rows up to which a call runs the GEMV (with the fused forms); past them dequantize + torch's
+# matmul is faster (docs/decisions.md)
 GEMV_MAX_ROWS = 16
 GEMV_PROGRAMS_PER_SM = 4
 # codes a program's K tile holds at most (BLOCK_N x KT: 128 a thread at 4 warps)

@@ -35,8 +35,8 @@ from hotpath.ops.linear import reference as linear_ref
 from hotpath.ops.linear.reference import RmsInput
 
 # int4: rows up to this run the GEMV (each weight read once for every row, K split across the
-# SMs, the decode chain's fused forms); more rows the GEMM (at 64 rows the GEMV's warpgroup MMA
-# ran at a third of the bf16 GEMM's speed: docs/decisions.md)
+# SMs, the decode chain's fused forms); more rows the GEMM (past 32 rows Triton's warpgroup MMA
+# made the GEMV slow: docs/decisions.md)
 GEMV_MAX_ROWS = 32
 # fp8 weights take the weight-only GEMV up to this many rows only: from 3 rows x quantized to
 # fp8 and the fp8 x fp8 GEMM are faster
